@@ -1,0 +1,184 @@
+"""Command line: ``python -m tools <command>``. One function per command; ``ToolError`` is mapped to
+an exit code in one place (``main``)."""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from tools.errors import ToolError
+from tools.progress import say
+from tools.project import Project, default_root
+
+TEMPLATE = """{subject}
+
+Description:
+ Why the patch exists and what breaks without it.
+ .
+ A second paragraph, if needed.
+Applies-To: {ref}
+Upstream-Status: not upstream
+Drop-When: upstream fixes <what>
+Tests:
+ tests/patches/test_<name>.py::test_<what>
+"""
+
+
+def _tree(args: argparse.Namespace, project: Project) -> Path:
+    from tools.apply import resolve_ref
+
+    if args.tree:
+        return Path(args.tree).resolve()
+    return project.tree_for(resolve_ref(project, args.ref))
+
+
+def cmd_apply(args: argparse.Namespace, project: Project) -> int:
+    from tools.apply import apply_series
+
+    out = apply_series(
+        project, args.ref, Path(args.tree).resolve() if args.tree else None,
+        allow_offset=args.allow_offset, force=args.force, relock=args.relock,
+    )
+    kinds: dict[str, int] = {}
+    for r in out.results:
+        kinds[r.status.value] = kinds.get(r.status.value, 0) + 1
+    detail = ", ".join(f"{n} {k}" for k, n in kinds.items()) or "empty series"
+    print(f"applied {len(out.results)} patch(es) to {out.tree} at {out.ref} ({out.entry.source}, base {out.base[:12]}): {detail}")
+    if out.backup:
+        print(f"previous work saved on branch {out.backup} in {out.tree}")
+    return 0
+
+
+def cmd_refresh(args: argparse.Namespace, project: Project) -> int:
+    from tools.export import export_tree
+
+    out = export_tree(project, _tree(args, project))
+    for n in out.written:
+        print(f"wrote patches/{n}" + (" (new, appended to series)" if n in out.added else ""))
+    print(f"refresh: {len(out.written)} written, {len(out.unchanged)} unchanged, {len(out.added)} new")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace, project: Project) -> int:
+    from tools.check import run_check
+
+    problems = run_check(project, args.ref)
+    for p in problems:
+        print(p)
+    if problems:
+        raise ToolError(f"check: {len(problems)} problem(s)")
+    print("check: series, headers, exact application and export are all in order")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, project: Project) -> int:
+    from tools.status import run_status
+
+    extra = [r for r in (args.refs or "").replace(",", " ").split() if r]
+    print(run_status(project, args.ref, extra))
+    return 0
+
+
+def cmd_install(args: argparse.Namespace, project: Project) -> int:
+    tree = _tree(args, project)
+    if not (tree / "python").is_dir():
+        raise ToolError(f"{tree} has no python/ folder; run `make apply` first")
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "-e", str(tree / "python")]
+    say("$ " + " ".join(cmd))
+    if subprocess.run(cmd).returncode != 0:
+        raise ToolError("pip install failed (see above); the environment's sglang was not changed by this tool")
+    print(f"installed {tree}/python into {sys.prefix} (editable, no dependency changes)")
+    return 0
+
+
+def cmd_test(args: argparse.Namespace, project: Project) -> int:
+    from tools.apply import resolve_ref
+    from tools.testrun import run_tests, summarise
+
+    ref = resolve_ref(project, args.ref)
+    tree = _tree(args, project)
+    if not tree.exists():
+        raise ToolError(f"{tree} does not exist; run `make apply` first")
+    summarise(run_tests(project, tree, ref, own=not args.patches_only, extra=args.pytest_args))
+    print("test: all passed")
+    return 0
+
+
+def cmd_new(args: argparse.Namespace, project: Project) -> int:
+    from tools.apply import resolve_ref
+
+    ref = resolve_ref(project, args.ref)
+    tree = _tree(args, project)
+    path = tree / ".git" / "sglang-patch-template"
+    if not path.parent.exists():
+        raise ToolError(f"{tree} does not exist; run `make apply` first")
+    path.write_text(TEMPLATE.format(subject=args.subject, ref=ref))
+    print(f"wrote a commit message template to {path}\n"
+          f"make your change in {tree}, then:\n"
+          f"  git -C {tree} add -A && git -C {tree} commit -t {path}\n"
+          f"  make refresh   # writes patches/<slug>.patch and appends it to series")
+    return 0
+
+
+def cmd_rebase(args: argparse.Namespace, project: Project) -> int:
+    from tools.rebase import run_rebase
+
+    return run_rebase(project, args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tools", description="Keep a quilt-style patch series against SGLang.")
+    p.add_argument("--root", help="project root (default: this checkout)")
+    p.add_argument("--ref", help="SGLang ref, e.g. v0.5.9 (default: the one pinned in sglang.lock)")
+    p.add_argument("--tree", help="patched tree (default: build/sglang-<ref>)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    a = sub.add_parser("apply", help="build the patched tree (base commit + one commit per patch)")
+    a.add_argument("--allow-offset", action="store_true", help="accept hunks that apply at an offset")
+    a.add_argument("--force", action="store_true", help="save the tree's work on a backup branch, then apply")
+    a.add_argument("--relock", action="store_true", help="resolve the ref afresh and rewrite sglang.lock")
+    a.set_defaults(func=cmd_apply)
+
+    sub.add_parser("refresh", help="write the tree's commits back to patches/").set_defaults(func=cmd_refresh)
+    sub.add_parser("check", help="verify series, headers, exact application, export").set_defaults(func=cmd_check)
+
+    s = sub.add_parser("status", help="table of patches: hunks per version, Upstream-Status, Tests")
+    s.add_argument("--refs", help="more versions for the matrix, e.g. v0.5.10,v0.5.15")
+    s.set_defaults(func=cmd_status)
+
+    sub.add_parser("install", help="pip install --no-deps -e <tree>/python").set_defaults(func=cmd_install)
+
+    t = sub.add_parser("test", help="tool tests, then each patch's Tests on the series up to it")
+    t.add_argument("--patches-only", action="store_true", help="skip the tool's own tests")
+    t.add_argument("pytest_args", nargs="*", help="extra arguments for the tool-test pytest run")
+    t.set_defaults(func=cmd_test)
+
+    n = sub.add_parser("new", help="write a commit message template for a new patch")
+    n.add_argument("subject")
+    n.set_defaults(func=cmd_new)
+
+    r = sub.add_parser("rebase", help="port the series to another SGLang ref (see README)")
+    r.add_argument("--to", required=True, help="the new ref, e.g. v0.5.10")
+    r.add_argument("--check", action="store_true", help="report only; change nothing")
+    r.add_argument("--drop", action="store_true", help="confirm dropping patches found upstream/obsolete")
+    r.add_argument("--report", help="write the Markdown report here (default: build/rebase-<ref>.md)")
+    r.add_argument("--continue", dest="cont", action="store_true", help="continue after resolving a conflict")
+    r.add_argument("--abort", action="store_true", help="abandon a rebase in progress")
+    r.set_defaults(func=cmd_rebase)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    project = Project(Path(args.root).resolve() if args.root else default_root())
+    try:
+        return int(args.func(args, project))
+    except ToolError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

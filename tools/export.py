@@ -1,0 +1,147 @@
+"""Refresh: write the tree's commits back to ``patches/`` deterministically.
+
+The target is ``git format-patch --zero-commit --full-index --no-signature --no-stat --no-numbered``
+output with From/Date set to constants and the message/diff separator written as ``---`` (what
+format-patch writes when a stat is present), so re-exporting an unchanged patch is a byte-for-byte
+no-op and headers survive refresh: the header *is* the commit message.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.apply import APPLIED_REF, BASE_REF
+from tools.errors import PatchParseError, SeriesError, ToolError
+from tools.gitutil import Git
+from tools.patchfile import parse_patch_text, read_patch
+from tools.progress import say
+from tools.project import IDENT_DATE, IDENT_EMAIL, IDENT_NAME, Project
+from tools.series import append_to_series, read_series
+
+_FROM_RE = re.compile(r"^From: .*(\n[ \t].*)*$", re.M)
+_DATE_RE = re.compile(r"^Date: .*$", re.M)
+
+
+def canonical(text: str) -> str:
+    """Normalise one format-patch mail: constant author/date, ``---`` before the diff."""
+    m = re.search(r"^diff --git ", text, re.M)
+    if not m:
+        raise ToolError("format-patch produced no diff (is the commit empty?)")
+    head, diff = text[: m.start()], text[m.start() :]
+    end_of_mail_headers = head.find("\n\n")
+    mail, body = head[: end_of_mail_headers + 1], head[end_of_mail_headers + 1 :]
+    mail = _FROM_RE.sub(lambda _: f"From: {IDENT_NAME} <{IDENT_EMAIL}>", mail, count=1)
+    mail = _DATE_RE.sub(lambda _: f"Date: {IDENT_DATE}", mail, count=1)
+    if body.endswith("\n\n"):
+        body = body[:-1] + "---\n"
+    elif not body.endswith("---\n"):
+        body += "---\n"
+    return mail + body + diff
+
+
+def export_commit(repo: Git, commit: str) -> str:
+    if not repo.run("diff-tree", "--quiet", f"{commit}^", commit, check=False).returncode:
+        raise ToolError(f"commit {commit[:12]} ({repo.subject(commit)}) changes nothing; drop it or squash it")
+    return canonical(repo.format_patch(commit))
+
+
+def slug(subject: str) -> str:
+    s = re.sub(r"[^a-z0-9]+", "-", subject.lower()).strip("-")
+    return (s[:60].rstrip("-") or "patch") + ".patch"
+
+
+@dataclass(frozen=True)
+class ExportOutcome:
+    written: tuple[str, ...]
+    unchanged: tuple[str, ...]
+    added: tuple[str, ...]
+
+
+def _match_names(repo: Git, commits: list[str], series_names: list[str], project: Project) -> list[str | None]:
+    """Patch file for each commit: same Subject first (survives reordering), else same position."""
+    subjects: dict[str, str] = {}
+    for n in series_names:
+        try:
+            subjects.setdefault(read_patch(project.patches_dir / n, n).subject, n)
+        except PatchParseError:
+            pass
+    names: list[str | None] = []
+    used: set[str] = set()
+    for c in commits:
+        n = subjects.get(repo.subject(c))
+        names.append(n if n and n not in used else None)
+        if n:
+            used.add(n)
+    for i, n in enumerate(names):
+        if n is None and i < len(series_names) and series_names[i] not in used:
+            names[i] = series_names[i]
+            used.add(series_names[i])
+    return names
+
+
+def export_tree(project: Project, tree: Path) -> ExportOutcome:
+    repo = Git(tree)
+    if not repo.is_repo() or not repo.rev(BASE_REF):
+        raise ToolError(f"{tree} is not a tree built by `make apply` (no {BASE_REF}); run `make apply` first")
+    if (tree / ".git" / "rebase-apply").exists() or (tree / ".git" / "rebase-merge").exists():
+        raise ToolError(f"a git am/rebase is in progress in {tree}; finish or abort it before refreshing")
+    base = repo.rev(BASE_REF) or ""
+    head = repo.head() or base
+    if not repo.is_ancestor(base, head):
+        raise ToolError(f"HEAD of {tree} does not descend from {BASE_REF}; check out the `patched` branch")
+    commits = repo.commits(base, head)
+    if any(len(repo.out("rev-list", "--parents", "-1", c).split()) > 2 for c in commits):
+        raise ToolError("the tree's history has merge commits; a series is linear: rebase them away first")
+    series_names = read_series(project.series_path).names
+    names = _match_names(repo, commits, series_names, project)
+    unmatched = [n for n in series_names if n not in names]
+    if unmatched:
+        raise SeriesError(
+            "series entries with no commit in the tree: " + ", ".join(unmatched)
+            + "\nIf you dropped them on purpose, remove them from series and delete the files; "
+            "otherwise re-apply (`make apply`) and redo your change. Nothing was written."
+        )
+    order = [n for n in names if n]
+    if order != [n for n in series_names if n in order]:
+        raise SeriesError(
+            "the tree's commits are in a different order than series: reorder the lines in series to "
+            f"match ({', '.join(order)}) and run refresh again. Nothing was written."
+        )
+    dirty = repo.dirty_paths()
+    if dirty:
+        say(f"warning: uncommitted changes in {tree} are not exported: {', '.join(dirty[:5])}")
+    texts = [export_commit(repo, c) for c in commits]
+    written, unchanged, added = [], [], []
+    taken = set(series_names) | {p.name for p in project.patches_dir.glob("*.patch")}
+    project.patches_dir.mkdir(parents=True, exist_ok=True)
+    for c, name, text in zip(commits, names, texts):
+        if name is None:
+            base_name = slug(repo.subject(c))
+            name, k = base_name, 2
+            while name in taken:
+                name = base_name[: -len(".patch")] + f"-{k}.patch"
+                k += 1
+            taken.add(name)
+            added.append(name)
+        for prob in parse_patch_text(text, name).header_problems():
+            say(f"warning: {prob} (edit the commit message: `git commit --amend` in the tree)")
+        path = project.patches_dir / name
+        if path.exists() and path.read_bytes() == text.encode("utf-8", "surrogateescape"):
+            unchanged.append(name)
+            continue
+        path.write_bytes(text.encode("utf-8", "surrogateescape"))
+        written.append(name)
+    if added:
+        append_to_series(project.series_path, added)
+    repo.update_ref(APPLIED_REF, head)
+    return ExportOutcome(tuple(written), tuple(unchanged), tuple(added))
+
+
+def reexport_diff(repo: Git, commits: list[str], paths: list[Path]) -> list[str]:
+    """Names of patches whose re-export from ``commits`` would change their file."""
+    changed = []
+    for c, p in zip(commits, paths):
+        if p.read_bytes() != export_commit(repo, c).encode("utf-8", "surrogateescape"):
+            changed.append(p.name)
+    return changed

@@ -1,0 +1,21 @@
+"""Progress lines for long steps. They go to stderr so that stdout stays parseable (status tables, reports)."""
+from __future__ import annotations
+
+import sys
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Counter:
+    """``[3/12] applying foo.patch`` style progress."""
+
+    def __init__(self, total: int, verb: str) -> None:
+        self.total = total
+        self.verb = verb
+        self.n = 0
+
+    def step(self, what: str) -> None:
+        self.n += 1
+        say(f"[{self.n}/{self.total}] {self.verb} {what}")

@@ -1,0 +1,300 @@
+"""Materialise SGLang at a ref as a base commit, laid out like upstream (``python/sglang/...``).
+
+Sources, in order: ``SGLANG_REPO`` (a local clone or mirror), the upstream git remote
+(``SGLANG_REMOTE``), then the PyPI release matching a ``vX.Y.Z[.postN]`` tag (sdist, else a wheel)
+from ``SGLANG_INDEX_URL``. What was used is pinned in ``sglang.lock``; a later fetch that disagrees
+with it is an error, never a silent replacement. Archives are cached under ``.cache/sglang/`` so a
+second apply works offline.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import tarfile
+import tempfile
+import urllib.error
+import urllib.request
+import zipfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tools.errors import GitError, UpstreamError
+from tools.gitutil import Git
+from tools.progress import say
+from tools.project import Project, env_index_url, env_remote, env_repo
+
+VERSION_RE = re.compile(r"^v?(\d+\.\d+\.\d+(?:\.post\d+)?)$")
+
+
+@dataclass(frozen=True)
+class LockEntry:
+    ref: str
+    source: str  # "git" | "pypi-sdist" | "pypi-wheel"
+    url: str
+    sha256: str | None = None  # archive checksum (PyPI sources)
+    commit: str | None = None  # upstream commit (git source)
+    base_commit: str | None = None  # the base commit the tool built (deterministic)
+
+    def describe(self) -> str:
+        pin = f"sha256 {self.sha256}" if self.sha256 else f"commit {self.commit}"
+        return f"{self.ref} from {self.source} {self.url} ({pin})"
+
+
+def read_lock(path: Path) -> LockEntry | None:
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return LockEntry(**data)
+    except (ValueError, TypeError) as e:
+        raise UpstreamError(f"{path.name} is not a valid lock file ({e}); restore it from git") from None
+
+
+def write_lock(path: Path, entry: LockEntry) -> None:
+    path.write_text(json.dumps(asdict(entry), indent=2) + "\n", encoding="utf-8")
+
+
+def pinned_ref(project: Project) -> str | None:
+    lock = read_lock(project.lock_path)
+    return lock.ref if lock else None
+
+
+def _seen_path(project: Project, ref: str) -> Path:
+    return project.cache_dir / "seen" / f"{ref}.json"
+
+
+def known_entry(project: Project, ref: str) -> LockEntry | None:
+    """The committed lock for the pinned ref; for other refs what this checkout saw first (TOFU)."""
+    lock = read_lock(project.lock_path)
+    if lock and lock.ref == ref:
+        return lock
+    seen = _seen_path(project, ref)
+    return read_lock(seen) if seen.exists() else None
+
+
+def record_entry(project: Project, entry: LockEntry) -> None:
+    lock = read_lock(project.lock_path)
+    if lock is None or lock.ref == entry.ref:
+        write_lock(project.lock_path, entry)
+    else:
+        _seen_path(project, entry.ref).parent.mkdir(parents=True, exist_ok=True)
+        write_lock(_seen_path(project, entry.ref), entry)
+
+
+# -- PyPI --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Dist:
+    filename: str
+    url: str
+    sha256: str
+    kind: str  # "pypi-sdist" | "pypi-wheel"
+
+
+def pypi_dist(version: str, index_url: str) -> Dist:
+    url = f"{index_url}/sglang/"
+    req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            data = json.load(r)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise UpstreamError(f"PyPI index {url} cannot be read: {e}") from None
+    files = {f["filename"]: f for f in data.get("files", []) if not f.get("yanked")}
+    wanted = [(f"sglang-{version}.tar.gz", "pypi-sdist"), (f"sglang-{version}-py3-none-any.whl", "pypi-wheel")]
+    wanted += [(n, "pypi-wheel") for n in sorted(files) if n.startswith(f"sglang-{version}-cp311-cp311-manylinux") and n.endswith("_x86_64.whl")]
+    for name, kind in wanted:
+        if name in files:
+            f = files[name]
+            return Dist(name, f["url"], f["hashes"]["sha256"], kind)
+    raise UpstreamError(f"PyPI index {url} has no sdist or usable wheel for sglang {version}")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def download(url: str, dest: Path, sha256: str) -> Path:
+    """Download to the cache (atomically), with progress, and verify the checksum."""
+    if dest.exists():
+        got = sha256_file(dest)
+        if got == sha256:
+            say(f"using cached {dest.name}")
+            return dest
+        raise UpstreamError(
+            f"cached archive {dest} has sha256 {got}, expected {sha256}: it is corrupt or was replaced. "
+            f"Delete it and run again to download it afresh."
+        )
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(dest.suffix + ".part")
+    say(f"downloading {url}")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r, tmp.open("wb") as out:
+            total = int(r.headers.get("Content-Length") or 0)
+            done, last = 0, -1
+            while chunk := r.read(1 << 20):
+                out.write(chunk)
+                done += len(chunk)
+                pct = done * 100 // total if total else -1
+                if total and pct // 10 != last // 10:
+                    say(f"  {dest.name}: {done >> 20} / {total >> 20} MiB ({pct}%)")
+                    last = pct
+    except (urllib.error.URLError, OSError) as e:
+        tmp.unlink(missing_ok=True)
+        raise UpstreamError(f"download of {url} failed: {e}") from None
+    got = sha256_file(tmp)
+    if got != sha256:
+        tmp.unlink(missing_ok=True)
+        raise UpstreamError(f"download of {url} has sha256 {got}, expected {sha256}; not using it")
+    tmp.replace(dest)
+    return dest
+
+
+def _safe_member(name: str) -> bool:
+    p = Path(name)
+    return not p.is_absolute() and ".." not in p.parts
+
+
+def extract(archive: Path, kind: str, version: str, dest: Path) -> None:
+    """Lay the archive out like upstream: the sdist root is upstream's ``python/`` folder;
+    a wheel's ``sglang/`` goes to ``python/sglang/`` (dist-info and scripts are left out)."""
+    py = dest / "python"
+    py.mkdir(parents=True)
+    try:
+        if kind == "pypi-sdist":
+            root = f"sglang-{version}/"
+            with tarfile.open(archive, "r:gz") as tf:
+                for m in tf.getmembers():
+                    if not _safe_member(m.name) or not (m.isfile() or m.isdir()):
+                        continue
+                    if m.name == root.rstrip("/"):
+                        continue
+                    if not m.name.startswith(root):
+                        raise UpstreamError(f"{archive.name}: unexpected member {m.name} outside {root}")
+                    m.name = m.name[len(root):]
+                    if m.name:
+                        tf.extract(m, py, filter="data")
+        else:
+            with zipfile.ZipFile(archive) as zf:
+                for zi in zf.infolist():
+                    if zi.filename.startswith("sglang/") and _safe_member(zi.filename) and not zi.is_dir():
+                        zf.extract(zi, py)
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as e:
+        raise UpstreamError(
+            f"archive {archive} is corrupt ({e}). Delete it and run again to download it afresh."
+        ) from None
+    if not (py / "sglang").is_dir():
+        raise UpstreamError(f"archive {archive} has no sglang/ package; it is not an SGLang release")
+
+
+# -- git sources -------------------------------------------------------------------------------
+def fetch_git(repo: Git, url: str, ref: str) -> str:
+    """Fetch ``ref`` (tag, branch or commit) from ``url`` into ``repo``; return the commit id."""
+    depth = ["--depth=1"] if "://" in url else []  # a full clone of the remote is large
+    res = repo.run(
+        "fetch", "--quiet", "--no-tags", *depth, url, f"+{ref}:refs/patches/fetched",
+        check=False, env={"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true"},
+    )
+    if res.returncode != 0:
+        res2 = repo.run(
+            "fetch", "--quiet", "--no-tags", *depth, url, f"+refs/tags/{ref}:refs/patches/fetched",
+            check=False, env={"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true"},
+        )
+        if res2.returncode != 0:
+            last = ((res2.stderr or res.stderr).strip().splitlines() or ["failed"])[-1]
+            raise UpstreamError(f"git fetch {url} {ref}: {last}")
+    commit = repo.rev("refs/patches/fetched")
+    if not commit:
+        raise UpstreamError(f"git fetch {url} {ref} gave no commit")
+    return commit
+
+
+def _base_message(entry: LockEntry) -> str:
+    return f"sglang {entry.ref} (upstream base)\n\nSource: {entry.source}\nURL: {entry.url}\n" + (
+        f"SHA256: {entry.sha256}\n" if entry.sha256 else f"Commit: {entry.commit}\n"
+    )
+
+
+def _import_archive(project: Project, repo: Git, ref: str, dist: Dist) -> tuple[str, LockEntry]:
+    version = VERSION_RE.match(ref).group(1)  # type: ignore[union-attr]
+    archive = download(dist.url, project.cache_dir / "archives" / dist.filename, dist.sha256)
+    entry = LockEntry(ref=ref, source=dist.kind, url=dist.url, sha256=dist.sha256)
+    say(f"importing {dist.filename} as the base of {ref}")
+    with tempfile.TemporaryDirectory(prefix="sglang-src-", dir=project.cache_dir) as tmp:
+        extract(archive, dist.kind, version, Path(tmp))
+        base = repo.commit_tree_from_dir(Path(tmp), _base_message(entry))
+    return base, LockEntry(**{**asdict(entry), "base_commit": base})
+
+
+def _from_locked(project: Project, repo: Git, entry: LockEntry) -> str:
+    if entry.source == "git":
+        if entry.commit and repo.rev(entry.commit):
+            return entry.commit
+        errors = []
+        for url in [u for u in (env_repo(), entry.url, env_remote()) if u]:
+            try:
+                commit = fetch_git(repo, url, entry.ref)
+            except UpstreamError as e:
+                errors.append(str(e))
+                continue
+            if commit != entry.commit:
+                raise UpstreamError(
+                    f"{url} has {entry.ref} at {commit}, but sglang.lock pins {entry.commit}: the tag moved "
+                    "or this is another repository. Check it; to re-pin deliberately use --relock."
+                )
+            return commit
+        raise UpstreamError(f"cannot fetch locked {entry.describe()}:\n  " + "\n  ".join(errors))
+    if entry.base_commit and repo.rev(entry.base_commit):
+        return entry.base_commit  # imported (and checksummed) before
+    dist = Dist(entry.url.rsplit("/", 1)[-1].split("#")[0], entry.url, entry.sha256 or "", entry.source)
+    base, got = _import_archive(project, repo, entry.ref, dist)
+    if entry.base_commit and base != entry.base_commit:
+        raise UpstreamError(
+            f"importing {dist.filename} gave base commit {base}, but sglang.lock records "
+            f"{entry.base_commit}; the archive layout or the tool's import recipe changed. "
+            "Re-pin deliberately with --relock and review the diff."
+        )
+    return base
+
+
+def materialise(project: Project, repo: Git, ref: str, *, relock: bool = False) -> tuple[str, LockEntry]:
+    """Put the base commit for ``ref`` into ``repo``; return (commit, lock entry)."""
+    project.cache_dir.mkdir(parents=True, exist_ok=True)
+    entry = None if relock else known_entry(project, ref)
+    if entry is not None:
+        if env_repo() and entry.source != "git":
+            say(f"note: sglang.lock pins {entry.describe()}; SGLANG_REPO is not used (--relock to re-pin)")
+        return _from_locked(project, repo, entry), entry
+    tried: list[str] = []
+    for label, url in (("SGLANG_REPO", env_repo()), ("upstream remote", env_remote())):
+        if not url:
+            tried.append(f"{label}: not set")
+            continue
+        say(f"fetching {ref} from {url}")
+        try:
+            commit = fetch_git(repo, url, ref)
+        except (UpstreamError, GitError) as e:
+            tried.append(f"{label} {url}: {e}")
+            continue
+        entry = LockEntry(ref=ref, source="git", url=url, commit=commit, base_commit=commit)
+        record_entry(project, entry)
+        return commit, entry
+    m = VERSION_RE.match(ref)
+    if not m:
+        tried.append(f"PyPI: {ref!r} is not a release tag vX.Y.Z[.postN], so PyPI cannot have it")
+    else:
+        try:
+            dist = pypi_dist(m.group(1), env_index_url())
+            base, entry = _import_archive(project, repo, ref, dist)
+            record_entry(project, entry)
+            return base, entry
+        except UpstreamError as e:
+            tried.append(f"PyPI: {e}")
+    raise UpstreamError(
+        f"no source has SGLang {ref}. Tried:\n  " + "\n  ".join(tried)
+        + "\nCheck the ref (tags look like v0.5.9), set SGLANG_REPO to a local clone, or check the network."
+    )
