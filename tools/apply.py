@@ -138,7 +138,7 @@ def save_backup(repo: Git) -> str:
         args = ["commit-tree", tree, "-m", "uncommitted changes saved by `apply FORCE=1`"]
         if head:
             args += ["-p", head]
-        commit = repo.out(*args)
+        commit = repo.out(*args, fixed_ident=True)  # works without a configured git identity
     if commit:
         repo.run("branch", "-f", name, commit)
     return name

@@ -130,18 +130,20 @@ def _parse_mail_header(head: str) -> dict[str, str]:
         subj = str(make_header(decode_header(fields["Subject"])))
         fields["Subject"] = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subj)
     cur = None
+    body: dict[str, list[str]] = {}
     for ln in lines[i + 1 :]:
         if ln == "---":
             break
         m = _FIELD_RE.match(ln)
         if m:
             cur = m.group(1)
-            fields[cur] = m.group(2).strip()
+            body[cur] = [m.group(2).strip()]
         elif ln.startswith(" ") and cur:
-            piece = "" if ln.strip() == "." else ln[1:]
-            fields[cur] = (fields[cur] + "\n" + piece).strip("\n")
+            body[cur].append("" if ln.strip() == "." else ln[1:])
         else:
             cur = None  # free text ends a field
+    for k, parts in body.items():
+        fields[k] = "\n".join(parts).strip("\n")
     return fields
 
 

@@ -1,0 +1,57 @@
+# Patch-series toolkit entry points. Every target is a thin wrapper over `python -m tools`.
+# PYTHON: the project venv if `.ci/run` (or you) created one, else python3 from PATH.
+PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
+# SGLANG_REF: upstream ref to build against; empty means the one pinned in sglang.lock (v0.5.9).
+SGLANG_REF ?=
+# SGLANG_REPO: optional local clone/mirror of upstream, tried before the network.
+SGLANG_REPO ?=
+# TREE: patched tree; empty means build/sglang-<ref>.
+TREE ?=
+# FORCE=1: apply even over unsaved work in the tree, after saving it on a backup branch.
+FORCE ?=
+# ALLOW_OFFSET=1: accept hunks that apply at an offset (rebasing work; check still refuses them).
+ALLOW_OFFSET ?=
+# REFS: extra versions for the status matrix, e.g. REFS="v0.5.10 v0.5.15".
+REFS ?=
+# CHECK=1 / DROP=1: rebase report-only / confirm dropping upstreamed or obsolete patches.
+CHECK ?=
+DROP ?=
+BENCH_ARGS ?=
+PYTEST_ARGS ?=
+
+export SGLANG_REPO
+
+TOOL = $(PYTHON) -m tools $(if $(SGLANG_REF),--ref $(SGLANG_REF)) $(if $(TREE),--tree $(TREE))
+
+.PHONY: help apply refresh check status install test rebase bench
+
+help: ## list targets and variables
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
+	@echo
+	@echo "variables: SGLANG_REF (default: pinned in sglang.lock) SGLANG_REPO TREE FORCE=1 ALLOW_OFFSET=1"
+	@echo "           REFS='v0.5.10 v0.5.15' (status) CHECK=1 DROP=1 (rebase) PYTHON=$(PYTHON)"
+
+apply: ## build build/sglang-<ref>: upstream base + one commit per patch (strict)
+	$(TOOL) apply $(if $(FORCE),--force) $(if $(ALLOW_OFFSET),--allow-offset)
+
+refresh: ## write the tree's commits back to patches/ (new commits are appended to series)
+	$(TOOL) refresh
+
+check: ## series vs patches/, headers, exact application, re-export is a no-op
+	$(TOOL) check
+
+status: ## table: each patch's hunks per version, Upstream-Status, Tests
+	$(TOOL) status $(if $(REFS),--refs "$(REFS)")
+
+install: ## pip install --no-deps -e <tree>/python into $(PYTHON)'s environment
+	$(TOOL) install
+
+test: ## tool tests, then each patch's declared Tests on the series up to it, then tests/gpu
+	$(TOOL) test $(PYTEST_ARGS)
+
+rebase: ## port the series to SGLANG_REF=<new> (CHECK=1: report only; DROP=1: drop upstreamed)
+	@test -n "$(SGLANG_REF)" || { echo "usage: make rebase SGLANG_REF=v0.5.10 [CHECK=1] [DROP=1]"; exit 2; }
+	$(PYTHON) -m tools rebase --to $(SGLANG_REF) $(if $(CHECK),--check) $(if $(DROP),--drop)
+
+bench: ## benchmarks (the bench package)
+	$(PYTHON) -m bench $(BENCH_ARGS)
