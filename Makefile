@@ -13,9 +13,12 @@ FORCE ?=
 ALLOW_OFFSET ?=
 # REFS: extra versions for the status matrix, e.g. REFS="v0.5.10 v0.5.15".
 REFS ?=
-# CHECK=1 / DROP=1: rebase report-only / confirm dropping upstreamed or obsolete patches.
+# CHECK=1 / DROP=1: rebase report-only / confirm dropping upstreamed or obsolete patches;
+# CONTINUE=1 / ABORT=1: after a rebase conflict.
 CHECK ?=
 DROP ?=
+CONTINUE ?=
+ABORT ?=
 BENCH_ARGS ?=
 PYTEST_ARGS ?=
 
@@ -51,7 +54,8 @@ test: ## tool tests, then each patch's declared Tests on the series up to it, th
 
 rebase: ## port the series to SGLANG_REF=<new> (CHECK=1: report only; DROP=1: drop upstreamed)
 	@test -n "$(SGLANG_REF)" || { echo "usage: make rebase SGLANG_REF=v0.5.10 [CHECK=1] [DROP=1]"; exit 2; }
-	$(PYTHON) -m tools rebase --to $(SGLANG_REF) $(if $(CHECK),--check) $(if $(DROP),--drop)
+	$(PYTHON) -m tools rebase --to $(SGLANG_REF) $(if $(CHECK),--check) $(if $(DROP),--drop) \
+		$(if $(CONTINUE),--continue) $(if $(ABORT),--abort)
 
 bench: ## benchmarks (the bench package)
 	$(PYTHON) -m bench $(BENCH_ARGS)
