@@ -155,6 +155,10 @@ def report_markdown(state: State, outcomes: list[PatchOutcome], range_diff: str,
 
 def _range_diff(repo: Git, state: State) -> str:
     new_head = repo.head() or state.new_base
+    if new_head == state.new_base or state.old_head == state.old_base:
+        # range-diff refuses an empty range; say plainly what was not carried over
+        old = repo.out("log", "--reverse", "--format=%h %s", f"{state.old_base}..{state.old_head}")
+        return "no ported commits; the old series was:\n" + (old or "(empty)")
     res = repo.run(
         "range-diff", "--no-color", f"{state.old_base}..{state.old_head}", f"{state.new_base}..{new_head}", check=False
     )
