@@ -31,8 +31,7 @@ from tools.gitutil import Git
 from tools.hunkcheck import HunkStatus
 from tools.progress import Counter, say
 from tools.project import Project
-from tools.series import read_series
-from tools.upstream import LockEntry, known_entry, materialise, pinned_ref, write_lock
+from tools.upstream import known_entry, materialise, pinned_ref, write_lock
 
 STATE_FILE = "sglang-rebase.json"
 

@@ -33,7 +33,7 @@ def _pytest(project: Project, args: list[str], tree: Path | None) -> int:
     if tree is not None:
         env["SGLANG_TREE"] = str(tree)
     cmd = [sys.executable, "-m", "pytest", *args]
-    say("$ " + ("SGLANG_TREE=" + str(tree) + " " if tree else "") + " ".join(cmd[1:]))
+    say("$ " + ("SGLANG_TREE=" + str(tree) + " " if tree else "") + "python " + " ".join(cmd[1:]))
     return subprocess.run(cmd, cwd=project.root, env=env).returncode
 
 

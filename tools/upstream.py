@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
 import tarfile
 import tempfile
 import urllib.error

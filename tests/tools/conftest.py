@@ -2,7 +2,6 @@
 (CRLF file, file without final newline, files to rename/delete), and a project around it."""
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from dataclasses import dataclass

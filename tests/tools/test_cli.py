@@ -3,7 +3,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import DATA, Env, git
+from conftest import DATA, Env
 
 DEMO_TESTS = '''
 import os

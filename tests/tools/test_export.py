@@ -1,4 +1,3 @@
-import shutil
 
 import pytest
 from conftest import DATA, Env, commit_in_tree, git, header
