@@ -1,0 +1,243 @@
+"""`python -m bench`: throughput against concurrency for several server configurations.
+
+    python -m bench [--quick] [--configs nospec,spec,switch-v1,switch-v2] [--out DIR] ...
+    python -m bench report RESULTS.json|DIR [...] [--out DIR]   # merge runs, redo table/plot/recommendation
+    python -m bench fixtures [...]                              # build the test models (bench.fixtures)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import client, report
+from bench.analysis import hysteresis
+from bench.configs import BASELINE_NOSPEC, BASELINE_SPEC, CONFIGS, DEFAULT_CONFIGS, Config, parse_configs
+from bench.logparse import parse_log, parse_metrics
+from bench.server import PROJECT_ROOT, Server, ServerError, ServerSpec, TreeError, base_flags, check_tree, resolve_tree
+
+FULL_LEVELS = [1, 2, 5, 10, 30, 70, 100, 250]
+QUICK_LEVELS = [1, 2, 10, 30, 100, 250]
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError("concurrency levels must be >= 1")
+    return out
+
+
+def _thresholds(text: str) -> tuple[int, int]:
+    try:
+        n, m = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected N,M (disable above N, enable at <= M)") from None
+    if m > n or n < 0 or m < 0:
+        raise argparse.ArgumentTypeError("need 0 <= M <= N")
+    return n, m
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m bench", description="Concurrency sweep: no-spec vs EAGLE-3 vs the switch.",
+                                 epilog="configs: " + "; ".join(f"{c.name}: {c.help}" for c in CONFIGS.values()))
+    ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="comma-separated (default %(default)s)")
+    ap.add_argument("--concurrency", type=_levels, default=None, help=f"levels (default {FULL_LEVELS}; --quick {QUICK_LEVELS})")
+    ap.add_argument("--num-requests", type=int, default=None, help="requests per level, at least the level (default 30; --quick 10)")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="default 512 (--quick 128)")
+    ap.add_argument("--quick", action="store_true", help="fewer levels, requests and tokens (fits a 10-minute device call)")
+    ap.add_argument("--prompts", type=Path, default=None, help=f"prompt file (.jsonl/.json/.txt; default {client.DEFAULT_PROMPTS.name})")
+    ap.add_argument("--chat-template", action="store_true", help="wrap prompts with the model's chat template")
+    ap.add_argument("--model", default=None, help="target model path (default: the generated fixture target)")
+    ap.add_argument("--draft-model", default=None, help="EAGLE-3 draft path (default: the fixture draft)")
+    ap.add_argument("--fixture-pair", choices=["exact", "random"], default="exact",
+                    help="fixture models when --model is not given (exact: near-100%% acceptance)")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--extra-flags", default="", help="extra server flags for every config (one string)")
+    ap.add_argument("--max-running-requests", type=int, default=256,
+                    help="passed to every config (SGLang caps speculative servers at 48 otherwise)")
+    ap.add_argument("--switch-thresholds", type=_thresholds, default=None,
+                    help="N,M for the switch configs (default: recommended from this run's nospec/spec sweeps)")
+    ap.add_argument("--thresholds-from", type=Path, default=None, help="results.json whose recommendation to use")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--no-ignore-eos", action="store_true", help="stop at EOS (default: always generate max-new-tokens)")
+    ap.add_argument("--time-budget", type=float, default=None, help="seconds; start no new config after this")
+    ap.add_argument("--startup-timeout", type=float, default=900.0)
+    ap.add_argument("--out", type=Path, default=None, help="default build/bench/<timestamp>")
+    ap.add_argument("--tree", default=None, help="patched SGLang tree (default $SGLANG_TREE or build/sglang-v0.5.9)")
+    return ap
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _switch_thresholds(args: argparse.Namespace, results: dict[str, Any], levels: list[int]) -> tuple[int, int]:
+    if args.switch_thresholds:
+        return args.switch_thresholds
+    rec = None
+    if args.thresholds_from:
+        rec = json.loads(args.thresholds_from.read_text()).get("recommendation")
+    else:
+        report.analyse(results)
+        rec = results.get("recommendation")
+    if not rec or rec["kind"] == "insufficient":
+        raise BenchError(f"switch configs need thresholds: run {BASELINE_NOSPEC} and {BASELINE_SPEC} first in the same "
+                         "run, or pass --switch-thresholds N,M or --thresholds-from results.json")
+    if rec["kind"] == "always":  # never switch off within the sweep
+        n = max(levels)
+        return n, hysteresis(n)
+    return int(rec["disable_batch_size"]), int(rec["enable_batch_size"])
+
+
+def run_config(cfg: Config, args: argparse.Namespace, tree: Path, model: str, draft: str | None,
+               prompts: list[str], levels: list[int], results: dict[str, Any], out: Path) -> None:
+    flags = base_flags() + list(cfg.flags) + ["--enable-metrics", "--max-running-requests", str(args.max_running_requests)]
+    if cfg.switch:
+        n, m = _switch_thresholds(args, results, levels)
+        flags += ["--speculative-disable-batch-size", str(n), "--speculative-enable-batch-size", str(m)]
+    flags += shlex.split(args.extra_flags)
+    if cfg.speculative and not draft:
+        raise BenchError(f"{cfg.name} needs --draft-model")
+    spec = ServerSpec(model, draft, args.tp, flags, dict(cfg.env))
+    entry: dict[str, Any] = {"flags": flags, "env": dict(cfg.env), "compare_to": list(cfg.compare_to), "levels": []}
+    results["configs"][cfg.name] = entry
+    log = out / "logs" / f"{cfg.name}.log"
+    sampling = {"temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "ignore_eos": not args.no_ignore_eos}
+    t0 = time.monotonic()
+    with Server(spec, log, tree) as srv:
+        say(f"[{cfg.name}] server up in {time.monotonic() - t0:.0f}s: {srv.command}")
+        entry["startup_s"] = round(time.monotonic() - t0, 1)
+        for c in levels:
+            n = max(args.num_requests, c)
+            batch = client.prompts_for_level(prompts, n)
+            client.flush_cache(srv.url)
+            before = parse_metrics(client.get_metrics(srv.url))
+            tty = sys.stderr.isatty()
+
+            def progress(done: int, total: int, c: int = c) -> None:
+                if tty:
+                    print(f"\r[{cfg.name}] C={c}: {done}/{total}", end="", file=sys.stderr, flush=True)
+
+            lr = client.run_level(srv.url, batch, c, sampling, on_done=progress)
+            after = parse_metrics(client.get_metrics(srv.url))
+            counters = None
+            if after is not None:
+                b = before.as_dict() if before else {k: 0 for k in after.as_dict()}
+                counters = {k: v - b[k] for k, v in after.as_dict().items()}
+            rec = {"concurrency": c, "requests": n, "output_tokens": lr.output_tokens, "wall_s": round(lr.wall_s, 3),
+                   "tok_per_s": round(lr.tok_per_s, 1), "errors": lr.errors[:5] + ([f"... {len(lr.errors)} errors"] if len(lr.errors) > 5 else []),
+                   "counters": counters}
+            entry["levels"].append(rec)
+            say(("\r" if tty else "") + f"[{cfg.name}] C={c:>3} n={n:>3}: {lr.tok_per_s:9.1f} tok/s  wall {lr.wall_s:6.1f}s"
+                + (f"  counters {counters}" if counters else "") + (f"  ERRORS {len(lr.errors)}: {lr.errors[0]}" if lr.errors else ""))
+            _save(results, out, plot=False)
+    ranks = parse_log(log.read_text(errors="replace"))
+    entry["log_counters"] = {str(r): (rl.counters.as_dict() if rl.counters else None) for r, rl in ranks.items()}
+
+
+def _save(results: dict[str, Any], out: Path, plot: bool) -> dict[str, Path | None]:
+    report.analyse(results)
+    paths: dict[str, Path | None] = {"json": report.write_json(results, out / "results.json"),
+                                     "csv": report.write_csv(results, out / "results.csv"),
+                                     "md": report.write_markdown(results, out / "results.md")}
+    paths["png"] = report.write_plot(results, out / "throughput.png") if plot else None
+    return paths
+
+
+def run(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    levels = args.concurrency or (QUICK_LEVELS if args.quick else FULL_LEVELS)
+    args.num_requests = args.num_requests if args.num_requests is not None else (10 if args.quick else 30)
+    args.max_new_tokens = args.max_new_tokens or (128 if args.quick else 512)
+    cfgs = parse_configs(args.configs)
+    out = args.out or PROJECT_ROOT / "build" / "bench" / time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    tree = resolve_tree(args.tree)
+    imported = check_tree(tree)
+    model, draft = args.model, args.draft_model
+    if model is None:
+        from bench import fixtures
+
+        fx = fixtures.generate()
+        t, d = fx.pair(args.fixture_pair)
+        model, draft = str(t), draft or str(d)
+    prompts = client.load_prompts(args.prompts)
+    if args.chat_template:
+        prompts = client.apply_chat_template(prompts, model)
+    results: dict[str, Any] = {"meta": {
+        "model": model, "draft_model": draft, "tp": args.tp, "levels": ",".join(map(str, levels)),
+        "num_requests": args.num_requests, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+        "prompts": str(args.prompts or client.DEFAULT_PROMPTS.name), "sglang": imported,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "extra_flags": args.extra_flags}, "configs": {}}
+    say(f"bench: {len(cfgs)} config(s) x levels {levels}, >= {args.num_requests} requests, {args.max_new_tokens} new tokens -> {out}")
+    t_start, failed = time.monotonic(), []
+    for i, cfg in enumerate(cfgs, 1):
+        if args.time_budget and time.monotonic() - t_start > args.time_budget:
+            say(f"[{cfg.name}] skipped: time budget of {args.time_budget:.0f}s spent")
+            failed.append(cfg.name)
+            continue
+        say(f"== config {i}/{len(cfgs)}: {cfg.name} ({cfg.help})")
+        try:
+            run_config(cfg, args, tree, model, draft, prompts, levels, results, out)
+        except (ServerError, BenchError) as e:
+            say(f"[{cfg.name}] FAILED: {e}")
+            results["configs"].setdefault(cfg.name, {})["failed"] = str(e)[:2000]
+            failed.append(cfg.name)
+        _save(results, out, plot=False)
+    paths = _save(results, out, plot=True)
+    print(report.markdown(results))
+    rec = results.get("recommendation")
+    if rec and rec.get("flags"):
+        print(f"recommended server flags: {rec['flags']}")
+    say("wrote " + ", ".join(str(p) for p in paths.values() if p)
+        + ("" if paths["png"] else " (no plot: matplotlib is not installed; `python -m bench report` it elsewhere)"))
+    return 1 if failed else 0
+
+
+def report_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench report", description="merge results and redo table/plot/recommendation")
+    ap.add_argument("inputs", nargs="+", type=Path, help="results.json files or folders holding one")
+    ap.add_argument("--out", type=Path, default=None, help="default: the first input's folder")
+    args = ap.parse_args(argv)
+    parts = []
+    for p in args.inputs:
+        f = p / "results.json" if p.is_dir() else p
+        if not f.is_file():
+            print(f"bench report: no results at {f}", file=sys.stderr)
+            return 2
+        parts.append(json.loads(f.read_text(encoding="utf-8")))
+    out = args.out or (args.inputs[0] if args.inputs[0].is_dir() else args.inputs[0].parent)
+    out.mkdir(parents=True, exist_ok=True)
+    results = report.merge(*parts)
+    paths = _save(results, out, plot=True)
+    print(report.markdown(results))
+    say("wrote " + ", ".join(str(p) for p in paths.values() if p))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] == "report":
+            return report_main(argv[1:])
+        if argv and argv[0] == "fixtures":
+            from bench import fixtures
+
+            return fixtures.main(argv[1:])
+        return run(argv)
+    except (TreeError, BenchError, ValueError, OSError) as e:
+        print(f"bench: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

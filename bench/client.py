@@ -1,0 +1,132 @@
+"""Load generation over SGLang's plain HTTP API (`/generate`, `/metrics`, `/flush_cache`)."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import requests
+
+DEFAULT_PROMPTS = Path(__file__).parent / "data" / "coding_prompts.jsonl"
+
+
+def load_prompts(path: Path | str | None = None) -> list[str]:
+    """Prompts from a .jsonl ({"prompt": ...} per line), a .json list, or a text file (one per line)."""
+    p = Path(path or DEFAULT_PROMPTS)
+    text = p.read_text(encoding="utf-8")
+    if p.suffix == ".jsonl":
+        out = [json.loads(line)["prompt"] for line in text.splitlines() if line.strip()]
+    elif p.suffix == ".json":
+        data = json.loads(text)
+        out = [d["prompt"] if isinstance(d, dict) else str(d) for d in data]
+    else:
+        out = [line for line in text.splitlines() if line.strip()]
+    if not out:
+        raise ValueError(f"no prompts in {p}")
+    return out
+
+
+def apply_chat_template(prompts: list[str], model: str) -> list[str]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    return [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in prompts]
+
+
+@dataclass
+class Result:
+    prompt: str
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    completion_tokens: int = 0
+    latency: float = 0.0
+    error: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def generate(url: str, prompt: str, sampling: dict[str, Any], *, timeout: float = 600.0,
+             extra: dict[str, Any] | None = None) -> Result:
+    body: dict[str, Any] = {"text": prompt, "sampling_params": sampling, **(extra or {})}
+    t0 = time.perf_counter()
+    try:
+        r = requests.post(url + "/generate", json=body, timeout=timeout)
+        dt = time.perf_counter() - t0
+        if r.status_code != 200:
+            return Result(prompt, latency=dt, error=f"HTTP {r.status_code}: {r.text[:500]}")
+        d = r.json()
+    except (requests.RequestException, ValueError) as e:
+        return Result(prompt, latency=time.perf_counter() - t0, error=f"{type(e).__name__}: {e}")
+    meta = d.get("meta_info", {})
+    ids = d.get("output_ids") or []
+    return Result(prompt, text=d.get("text", ""), output_ids=list(ids),
+                  completion_tokens=int(meta.get("completion_tokens", len(ids))), latency=dt, meta=meta)
+
+
+@dataclass
+class LevelRun:
+    concurrency: int
+    wall_s: float
+    results: list[Result]
+
+    @property
+    def errors(self) -> list[str]:
+        return [r.error for r in self.results if r.error]
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(r.completion_tokens for r in self.results if not r.error)
+
+    @property
+    def tok_per_s(self) -> float:
+        return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def run_level(url: str, prompts: list[str], concurrency: int, sampling: dict[str, Any], *,
+              extra: dict[str, Any] | None = None, timeout: float = 600.0,
+              on_done: Callable[[int, int], None] | None = None) -> LevelRun:
+    """Send every prompt, at most `concurrency` in flight (closed loop); time the whole level."""
+    done = [0]
+    lock = threading.Lock()
+
+    def one(p: str) -> Result:
+        res = generate(url, p, sampling, extra=extra, timeout=timeout)
+        with lock:
+            done[0] += 1
+            if on_done:
+                on_done(done[0], len(prompts))
+        return res
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as ex:
+        results = list(ex.map(one, prompts))
+    return LevelRun(concurrency, time.perf_counter() - t0, results)
+
+
+def prompts_for_level(prompts: list[str], n: int, offset: int = 0) -> list[str]:
+    """n prompts cycling through the set; a suffix keeps repeats distinct (no prefix-cache shortcut)."""
+    out = []
+    for i in range(n):
+        k = offset + i
+        p = prompts[k % len(prompts)]
+        out.append(p if k < len(prompts) else f"{p}\n(variant {k // len(prompts)})")
+    return out
+
+
+def flush_cache(url: str) -> None:
+    try:
+        requests.post(url + "/flush_cache", timeout=30)
+    except requests.RequestException:
+        pass
+
+
+def get_metrics(url: str) -> str:
+    try:
+        r = requests.get(url + "/metrics", timeout=30)
+        return r.text if r.status_code == 200 else ""
+    except requests.RequestException:
+        return ""

@@ -1,0 +1,53 @@
+"""Server configurations the benchmark compares."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+EAGLE_V1 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
+            "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16"]
+EAGLE_V2 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
+            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+# "2-3 tok reduced speculation"
+EAGLE_V1_S2 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "2",
+               "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"]
+V2_ENV = {"SGLANG_ENABLE_SPEC_V2": "1"}
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    flags: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    switch: bool = False  # gets --speculative-{disable,enable}-batch-size
+    compare_to: tuple[str, ...] = ()  # ratio: this / max(these) per level
+    help: str = ""
+
+    @property
+    def speculative(self) -> bool:
+        return "--speculative-algorithm" in self.flags
+
+
+CONFIGS: dict[str, Config] = {c.name: c for c in [
+    Config("nospec", [], help="plain decoding"),
+    Config("spec", EAGLE_V1, help="always EAGLE-3, v1 worker, topk 4, 3 steps, 16 draft tokens"),
+    Config("switch-v1", EAGLE_V1, switch=True, compare_to=("nospec", "spec"),
+           help="v1 EAGLE-3 with the dynamic switch"),
+    Config("spec-v2", EAGLE_V2, V2_ENV, help="always EAGLE-3, v2 (overlap) worker, topk 1, 3 steps, 4 draft tokens"),
+    Config("switch-v2", EAGLE_V2, V2_ENV, switch=True, compare_to=("nospec", "spec-v2", "spec"),
+           help="v2 EAGLE-3 with the dynamic switch"),
+    Config("spec-s2", EAGLE_V1_S2, help="reduced: v1, topk 1, 2 steps, 3 draft tokens"),
+    Config("switch-s2", EAGLE_V1_S2, switch=True, compare_to=("nospec", "spec-s2"),
+           help="reduced v1 speculation with the switch"),
+]}
+DEFAULT_CONFIGS = ["nospec", "spec", "switch-v1", "switch-v2"]
+# The recommendation is computed from these two sweeps.
+BASELINE_NOSPEC, BASELINE_SPEC = "nospec", "spec"
+
+
+def parse_configs(text: str) -> list[Config]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in CONFIGS]
+    if bad:
+        raise ValueError(f"unknown config(s) {', '.join(bad)}; known: {', '.join(CONFIGS)}")
+    # baselines first, so the switch configs can use the recommendation from this run
+    return sorted((CONFIGS[n] for n in dict.fromkeys(names)), key=lambda c: c.switch)

@@ -1,0 +1,290 @@
+"""Test models without downloads: a small Llama target and EAGLE-3 drafts, plus a BPE tokenizer.
+
+Four models share one tokenizer (trained with `tokenizers` on text generated here):
+
+- ``target-exact``: every layer's ``o_proj`` and ``down_proj`` zeroed and ``lm_head = embed_tokens``,
+  so the residual stream is the token's embedding and greedy decoding repeats the last token.
+- ``draft-exact``: EAGLE-3 draft with ``fc = [0 | 0 | I]``, zeroed ``o_proj``/``down_proj`` and
+  ``lm_head = target embed``: it predicts what ``target-exact`` does (acceptance near 100%).
+- ``target-random``: random weights (a real-looking, non-trivial greedy output).
+- ``draft-random``: random EAGLE-3 draft (acceptance near 0 against either target).
+
+Pairs: ``exact`` = (target-exact, draft-exact), ``random`` = (target-random, draft-random).
+Deterministic for a seed; cached under ``<root>/<hash of parameters>/``.
+
+CLI: ``python -m bench.fixtures [--root DIR] [--hidden 512] [--layers 8] ...`` prints the folder.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GENERATOR_VERSION = 2
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_ROOT = PROJECT_ROOT / "build" / "fixtures"
+PAIRS = {"exact": ("target-exact", "draft-exact"), "random": ("target-random", "draft-random")}
+DONE = ".complete"
+
+
+@dataclass(frozen=True)
+class FixtureParams:
+    hidden: int = 512
+    layers: int = 8
+    heads: int = 8
+    kv_heads: int = 4
+    intermediate: int = 1536
+    vocab: int = 4096  # BPE target size; the models use the tokenizer's actual size
+    max_positions: int = 8192
+    seed: int = 1234
+    init_std: float = 0.02
+    lm_head_scale: float = 4.0  # sharper random-target logits: fewer bf16 near-ties
+
+    def key(self) -> str:
+        blob = json.dumps({"v": GENERATOR_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Fixtures:
+    root: Path
+
+    def path(self, name: str) -> Path:
+        return self.root / name
+
+    def pair(self, kind: str) -> tuple[Path, Path]:
+        target, draft = PAIRS[kind]
+        return self.root / target, self.root / draft
+
+
+class FixtureError(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------------------------------- corpus
+
+
+def _corpus(seed: int, n_lines: int = 6000) -> list[str]:
+    """Deterministic text for the tokenizer: the bench prompts plus code-like synthetic lines."""
+    import random
+
+    rng = random.Random(seed)
+    lines: list[str] = []
+    prompts = Path(__file__).parent / "data" / "coding_prompts.jsonl"
+    if prompts.is_file():
+        for raw in prompts.read_text(encoding="utf-8").splitlines():
+            if raw.strip():
+                lines.append(json.loads(raw)["prompt"])
+    words = (
+        "def class return import from self if else elif for while in not and or None True False "
+        "try except finally with as lambda yield async await print len range list dict set str int "
+        "float open read write file path json http request response server client error value key "
+        "test assert function call tool result query index token batch cache model draft target "
+        "the a an of to is are was be this that it on at by we you they please write code fix bug"
+    ).split()
+    punct = ["(", ")", ":", ",", ".", "=", "==", "+", "-", "*", "/", "[", "]", "{", "}", "\n", "    "]
+    for _ in range(n_lines):
+        n = rng.randint(4, 24)
+        parts = []
+        for _ in range(n):
+            r = rng.random()
+            if r < 0.7:
+                parts.append(rng.choice(words))
+            elif r < 0.9:
+                parts.append(rng.choice(punct))
+            else:
+                parts.append(str(rng.randint(0, 999)))
+        lines.append(" ".join(parts))
+    return lines
+
+
+def build_tokenizer(out: Path, params: FixtureParams) -> int:
+    """Train a byte-level BPE tokenizer, save it as a transformers fast tokenizer; return its size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=params.vocab,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(params.seed), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.chat_template = (
+        "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}"
+    )
+    fast.save_pretrained(str(out))
+    return len(fast)
+
+
+# ---------------------------------------------------------------------------------------- models
+
+
+def _llama_config(params: FixtureParams, vocab: int, layers: int) -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=params.hidden,
+        intermediate_size=params.intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=params.heads,
+        num_key_value_heads=params.kv_heads,
+        max_position_embeddings=params.max_positions,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        initializer_range=params.init_std,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        torch_dtype="bfloat16",
+    )
+
+
+def build_target(out: Path, params: FixtureParams, vocab: int, exact: bool, seed: int) -> dict[str, Any]:
+    """Write a Llama target; return its state dict (float32, for building the drafts)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(_llama_config(params, vocab, params.layers))
+    with torch.no_grad():
+        if exact:
+            for layer in model.model.layers:
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
+            model.lm_head.weight.copy_(model.model.embed_tokens.weight)
+        else:
+            model.lm_head.weight.mul_(params.lm_head_scale)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.to(torch.bfloat16).save_pretrained(str(out), safe_serialization=True)
+    return state
+
+
+def draft_state(params: FixtureParams, vocab: int, target_embed: Any, exact: bool, seed: int) -> dict[str, Any]:
+    """EAGLE-3 draft tensors (names as SGLang's LlamaForCausalLMEagle3 loads them)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    h, inter = params.hidden, params.intermediate
+    head_dim = h // params.heads
+    q_out, kv_out = params.heads * head_dim, params.kv_heads * head_dim
+
+    def rnd(*shape: int) -> Any:
+        return torch.randn(*shape, generator=g) * params.init_std
+
+    s: dict[str, Any] = {
+        "midlayer.input_layernorm.weight": torch.ones(h),
+        "midlayer.hidden_norm.weight": torch.ones(h),
+        "midlayer.post_attention_layernorm.weight": torch.ones(h),
+        "midlayer.self_attn.q_proj.weight": rnd(q_out, 2 * h),
+        "midlayer.self_attn.k_proj.weight": rnd(kv_out, 2 * h),
+        "midlayer.self_attn.v_proj.weight": rnd(kv_out, 2 * h),
+        "midlayer.self_attn.o_proj.weight": rnd(h, q_out),
+        "midlayer.mlp.gate_proj.weight": rnd(inter, h),
+        "midlayer.mlp.up_proj.weight": rnd(inter, h),
+        "midlayer.mlp.down_proj.weight": rnd(h, inter),
+        "norm.weight": torch.ones(h),
+        "d2t": torch.zeros(vocab, dtype=torch.int64),
+        "t2d": torch.ones(vocab, dtype=torch.bool),
+    }
+    if exact:
+        s["fc.weight"] = torch.cat([torch.zeros(h, 2 * h), torch.eye(h)], dim=1)
+        s["midlayer.self_attn.o_proj.weight"] = torch.zeros(h, q_out)
+        s["midlayer.mlp.down_proj.weight"] = torch.zeros(h, inter)
+        s["lm_head.weight"] = target_embed.clone()
+    else:
+        s["fc.weight"] = rnd(h, 3 * h)
+        s["lm_head.weight"] = rnd(vocab, h) * params.lm_head_scale
+    return s
+
+
+def build_draft(out: Path, params: FixtureParams, vocab: int, target_embed: Any, exact: bool, seed: int) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    state = draft_state(params, vocab, target_embed, exact, seed)
+    tensors = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous() for k, v in state.items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = _llama_config(params, vocab, 1).to_dict()
+    cfg.update(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=vocab, target_hidden_size=params.hidden)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------- cache
+
+
+def generate(params: FixtureParams | None = None, root: Path | None = None, *, quiet: bool = False) -> Fixtures:
+    """Build (or reuse) the fixture models; return where they are."""
+    params = params or FixtureParams()
+    root = Path(root or os.environ.get("SGL_FIXTURE_DIR") or DEFAULT_ROOT)
+    dest = root / params.key()
+    if (dest / DONE).is_file():
+        return Fixtures(dest)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{params.key()}-", dir=root))
+    try:
+        tokdir = tmp / "tokenizer"
+        vocab = build_tokenizer(tokdir, params)
+        embed = None
+        for name, exact, seed in (("target-exact", True, params.seed), ("target-random", False, params.seed + 1)):
+            if not quiet:
+                print(f"fixtures: writing {name} (H={params.hidden}, L={params.layers}, V={vocab})", file=sys.stderr)
+            state = build_target(tmp / name, params, vocab, exact, seed)
+            if exact:
+                embed = state["model.embed_tokens.weight"]
+        assert embed is not None
+        build_draft(tmp / "draft-exact", params, vocab, embed, True, params.seed + 2)
+        build_draft(tmp / "draft-random", params, vocab, embed, False, params.seed + 3)
+        for name in ("target-exact", "target-random", "draft-exact", "draft-random"):
+            for f in tokdir.iterdir():
+                shutil.copy2(f, tmp / name / f.name)
+        manifest = {"params": dataclasses.asdict(params), "key": params.key(), "vocab": vocab, "pairs": PAIRS}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        (tmp / DONE).write_text("ok\n")
+        if dest.exists():  # a half-written folder from an interrupted run
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Fixtures(dest)
+
+
+def main(argv: list[str] | None = None) -> int:
+    d = FixtureParams()
+    ap = argparse.ArgumentParser(prog="python -m bench.fixtures", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--root", type=Path, default=None, help=f"cache root (default $SGL_FIXTURE_DIR or {DEFAULT_ROOT})")
+    for f in dataclasses.fields(FixtureParams):
+        ap.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(d, f.name)), default=getattr(d, f.name))
+    ap.add_argument("--json", action="store_true", help="print the model paths as JSON")
+    args = ap.parse_args(argv)
+    params = FixtureParams(**{f.name: getattr(args, f.name) for f in dataclasses.fields(FixtureParams)})
+    try:
+        fx = generate(params, args.root)
+    except (OSError, ImportError, FixtureError) as e:
+        print(f"fixtures: error: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({k: {"target": str(fx.pair(k)[0]), "draft": str(fx.pair(k)[1])} for k in PAIRS}))
+    else:
+        print(fx.root)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

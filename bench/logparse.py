@@ -1,0 +1,123 @@
+"""Parse what the patched server reports about the speculation switch.
+
+Tolerant of small format changes. Recognised:
+- state lines: ``spec-switch: on=<bool> spec_steps=<int> fallback_steps=<int> switches=<int>`` or
+  ``spec steps: A, fallback steps: B, switches: C`` (cumulative counters);
+- events: ``speculation OFF at bs=<n>`` / ``speculation ON at bs=<n>``;
+- SGLang's ``Decode batch, #running-req: N, ... cuda graph: True|False`` lines;
+- the rank from the log prefix ``[... TP<k>]`` (rank 0 when absent);
+- Prometheus counters ``sglang:spec_switch_{spec_steps,fallback_steps,switches}_total``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_RANK = re.compile(r"\bTP(\d+)\b")
+_STATE = re.compile(
+    r"spec[-_ ]switch:?\s*on[=:]\s*(?P<on>\w+)\W+spec[_ ]steps[=:]\s*(?P<spec>\d+)\W+"
+    r"fallback[_ ]steps[=:]\s*(?P<fb>\d+)\W+switches[=:]\s*(?P<sw>\d+)", re.I)
+_STATE_ALT = re.compile(r"spec steps:\s*(?P<spec>\d+),\s*fallback steps:\s*(?P<fb>\d+),\s*switches:\s*(?P<sw>\d+)", re.I)
+_EVENT = re.compile(r"speculation\s+(?P<dir>OFF|ON)\s+at\s+bs\s*=\s*(?P<bs>\d+)", re.I)
+_DECODE = re.compile(r"Decode batch\b.*?#running-req:\s*(?P<bs>\d+)", re.I)
+_GRAPH = re.compile(r"cuda graph:\s*(?P<g>True|False)", re.I)
+_METRIC = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{[^}]*\})?\s+(?P<val>[-+0-9.eEinfNa]+)\s*$")
+METRIC_KEYS = {"spec_steps": "spec_steps", "fallback_steps": "fallback_steps", "switches": "switches"}
+
+
+def _bool(s: str) -> bool:
+    return s.strip().lower() in ("true", "1", "yes", "on")
+
+
+def rank_of(line: str) -> int:
+    head = line[: line.find("]") + 1] if line.startswith("[") else line[:80]
+    m = _RANK.search(head)
+    return int(m.group(1)) if m else 0
+
+
+@dataclass
+class Counters:
+    spec_steps: int = 0
+    fallback_steps: int = 0
+    switches: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"spec_steps": self.spec_steps, "fallback_steps": self.fallback_steps, "switches": self.switches}
+
+
+@dataclass
+class DecodeLine:
+    rank: int
+    batch_size: int
+    cuda_graph: bool | None
+    spec_on: bool | None  # the switch state when the line was written (None: unknown)
+    line: str
+
+
+@dataclass
+class RankLog:
+    rank: int
+    counters: Counters | None = None  # last state line
+    events: list[tuple[str, int]] = field(default_factory=list)  # ("OFF"|"ON", batch size)
+    decode: list[DecodeLine] = field(default_factory=list)
+
+
+def parse_log(text: str) -> dict[int, RankLog]:
+    ranks: dict[int, RankLog] = {}
+    state: dict[int, bool | None] = {}
+    for line in text.splitlines():
+        if "spec" not in line.lower() and "Decode batch" not in line:
+            continue
+        r = rank_of(line)
+        rl = ranks.setdefault(r, RankLog(r))
+        own_state: bool | None = None
+        m = _STATE.search(line)
+        if m:
+            own_state = _bool(m.group("on"))
+            rl.counters = Counters(int(m.group("spec")), int(m.group("fb")), int(m.group("sw")))
+        else:
+            m2 = _STATE_ALT.search(line)
+            if m2:
+                rl.counters = Counters(int(m2.group("spec")), int(m2.group("fb")), int(m2.group("sw")))
+        e = _EVENT.search(line)
+        if e:
+            d = e.group("dir").upper()
+            rl.events.append((d, int(e.group("bs"))))
+            state[r] = d == "ON"
+        d_m = _DECODE.search(line)
+        if d_m:
+            g = _GRAPH.search(line)
+            on = own_state if own_state is not None else state.get(r)
+            rl.decode.append(DecodeLine(r, int(d_m.group("bs")), _bool(g.group("g")) if g else None, on, line))
+        if own_state is not None:
+            state[r] = own_state
+    return ranks
+
+
+def parse_metrics(text: str) -> Counters | None:
+    """Sum the spec-switch counters over label sets; None when none is exported."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#") or "spec_switch" not in line:
+            continue
+        m = _METRIC.match(line.strip())
+        if not m:
+            continue
+        name = m.group("name")
+        if name.endswith("_created"):
+            continue
+        base = name.split("spec_switch_", 1)[1]
+        base = base[: -len("_total")] if base.endswith("_total") else base
+        if base in METRIC_KEYS:
+            try:
+                found[base] = found.get(base, 0.0) + float(m.group("val"))
+            except ValueError:
+                continue
+    if not found:
+        return None
+    return Counters(int(found.get("spec_steps", 0)), int(found.get("fallback_steps", 0)), int(found.get("switches", 0)))
+
+
+def counters_from_log(text: str, rank: int = 0) -> Counters | None:
+    rl = parse_log(text).get(rank)
+    return rl.counters if rl else None

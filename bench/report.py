@@ -1,0 +1,171 @@
+"""Results: JSON (the source of truth), CSV, Markdown table, PNG plot (if matplotlib is present).
+
+Results layout (results.json):
+    {"meta": {...}, "configs": {name: {"flags": [...], "env": {...}, "compare_to": [...],
+      "levels": [{"concurrency", "requests", "output_tokens", "wall_s", "tok_per_s", "errors",
+                  "counters": {"spec_steps", "fallback_steps", "switches"} | null}]}},
+     "recommendation": {...}, "ratios": {config: {concurrency: ratio}}}
+"""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from bench.analysis import best_of_ratios, recommend, series
+from bench.configs import BASELINE_NOSPEC, BASELINE_SPEC, CONFIGS
+
+RATIO_TARGET = 0.95
+
+
+def analyse(results: dict[str, Any]) -> dict[str, Any]:
+    """Fill in "recommendation" and "ratios" from the configs' levels (in place; returns it)."""
+    cfgs = results.get("configs", {})
+    s = {name: series(c.get("levels", [])) for name, c in cfgs.items()}
+    if BASELINE_NOSPEC in s and BASELINE_SPEC in s:
+        results["recommendation"] = recommend(s[BASELINE_NOSPEC], s[BASELINE_SPEC]).as_dict()
+    ratios: dict[str, dict[str, float]] = {}
+    for name, c in cfgs.items():
+        refs = c.get("compare_to") or (list(CONFIGS[name].compare_to) if name in CONFIGS else [])
+        refs = [r for r in refs if r in s]
+        if refs and name in s:
+            ratios[name] = {str(k): v for k, v in best_of_ratios(s[name], *(s[r] for r in refs)).items()}
+    results["ratios"] = ratios
+    return results
+
+
+def merge(*parts: dict[str, Any]) -> dict[str, Any]:
+    """Combine several runs' results (later ones win per config)."""
+    out: dict[str, Any] = {"meta": {}, "configs": {}}
+    for p in parts:
+        out["meta"].update(p.get("meta", {}))
+        out["configs"].update(p.get("configs", {}))
+    return analyse(out)
+
+
+def levels_of(results: dict[str, Any]) -> list[int]:
+    return sorted({int(lv["concurrency"]) for c in results["configs"].values() for lv in c.get("levels", [])})
+
+
+def write_json(results: dict[str, Any], path: Path) -> Path:
+    path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+CSV_FIELDS = ["config", "concurrency", "requests", "output_tokens", "wall_s", "tok_per_s", "errors",
+              "spec_steps", "fallback_steps", "switches", "ratio_to_best"]
+
+
+def write_csv(results: dict[str, Any], path: Path) -> Path:
+    ratios = results.get("ratios", {})
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        w.writeheader()
+        for name, c in results["configs"].items():
+            for lv in c.get("levels", []):
+                cnt = lv.get("counters") or {}
+                r = ratios.get(name, {}).get(str(lv["concurrency"]))
+                w.writerow({
+                    "config": name, "concurrency": lv["concurrency"], "requests": lv.get("requests", ""),
+                    "output_tokens": lv.get("output_tokens", ""), "wall_s": f"{float(lv.get('wall_s', 0)):.3f}",
+                    "tok_per_s": f"{float(lv.get('tok_per_s', 0)):.1f}", "errors": len(lv.get("errors") or []),
+                    "spec_steps": cnt.get("spec_steps", ""), "fallback_steps": cnt.get("fallback_steps", ""),
+                    "switches": cnt.get("switches", ""), "ratio_to_best": "" if r is None else f"{r:.3f}",
+                })
+    return path
+
+
+def markdown(results: dict[str, Any]) -> str:
+    levels = levels_of(results)
+    cfgs = results["configs"]
+    lines = ["| config | " + " | ".join(f"C={c}" for c in levels) + " |",
+             "|---|" + "---|" * len(levels)]
+    for name, c in cfgs.items():
+        by = {int(lv["concurrency"]): lv for lv in c.get("levels", [])}
+        cells = []
+        for lvl in levels:
+            lv = by.get(lvl)
+            if lv is None:
+                cells.append("")
+            elif lv.get("errors"):
+                cells.append(f"{float(lv['tok_per_s']):.0f} ({len(lv['errors'])} err)")
+            else:
+                cells.append(f"{float(lv['tok_per_s']):.0f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    rec = results.get("recommendation")
+    if rec and rec.get("ratios"):
+        lines.append("| spec / nospec | " + " | ".join(
+            f"{rec['ratios'][str(c)]:.2f}" if str(c) in rec["ratios"] else "" for c in levels) + " |")
+    for name, rs in results.get("ratios", {}).items():
+        refs = cfgs[name].get("compare_to") or []
+        label = f"{name} / max({', '.join(r for r in refs if r in cfgs)})"
+        lines.append(f"| {label} | " + " | ".join(
+            (f"**{rs[str(c)]:.2f}**" if rs[str(c)] < RATIO_TARGET else f"{rs[str(c)]:.2f}") if str(c) in rs else ""
+            for c in levels) + " |")
+    out = ["Output tokens per second (all requests' output tokens / wall time of the level).", "", *lines, ""]
+    if results.get("ratios"):
+        out.append(f"Ratios below {RATIO_TARGET} are in bold.")
+        out.append("")
+    if rec:
+        out.append(f"**Recommendation** ({rec['kind']}): {rec['message']}")
+        if rec.get("flags"):
+            out += ["", "```", rec["flags"], "```"]
+        for n in rec.get("notes") or []:
+            out.append(f"- note: {n}")
+        out.append("")
+    meta = results.get("meta", {})
+    if meta:
+        out.append("Run: " + ", ".join(f"{k}={v}" for k, v in sorted(meta.items()) if not isinstance(v, (dict, list))))
+        out.append("")
+    for name, c in cfgs.items():
+        env = " ".join(f"{k}={v}" for k, v in (c.get("env") or {}).items())
+        out.append(f"- `{name}`: `{(env + ' ') if env else ''}{' '.join(c.get('flags') or []) or '(no speculation flags)'}`")
+    return "\n".join(out) + "\n"
+
+
+def write_markdown(results: dict[str, Any], path: Path) -> Path:
+    path.write_text(markdown(results), encoding="utf-8")
+    return path
+
+
+def write_plot(results: dict[str, Any], path: Path) -> Path | None:
+    """PNG of tok/s against concurrency (log x); None when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    for name, c in results["configs"].items():
+        s = series(c.get("levels", []))
+        if s:
+            xs = sorted(s)
+            ax.plot(xs, [s[x] for x in xs], marker="o", label=name, linestyle="--" if "switch" in name else "-")
+    rec = results.get("recommendation") or {}
+    if rec.get("crossover"):
+        ax.axvline(rec["crossover"], color="grey", linestyle=":", label=f"crossover C~{rec['crossover']:.1f}")
+    ax.set_xscale("log")
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_ylabel("output tokens / s")
+    title = results.get("meta", {}).get("title") or "throughput vs concurrency"
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_all(results: dict[str, Any], out: Path) -> dict[str, Path | None]:
+    out.mkdir(parents=True, exist_ok=True)
+    analyse(results)
+    return {
+        "json": write_json(results, out / "results.json"),
+        "csv": write_csv(results, out / "results.csv"),
+        "md": write_markdown(results, out / "results.md"),
+        "png": write_plot(results, out / "throughput.png"),
+    }

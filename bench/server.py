@@ -1,0 +1,206 @@
+"""Start and stop `python -m sglang.launch_server` from the patched tree.
+
+The server runs in its own process group (killed as a whole at stop), on a free port, with its log
+in a file. `check_tree` refuses a tree without the patch, or an environment where `import sglang`
+would not load the tree's copy.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import requests
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_TREE = PROJECT_ROOT / "build" / "sglang-v0.5.9"
+PATCH_MARKER = "speculative_disable_batch_size"
+# Flags that avoid pieces missing from the offline H200 bundle (see shared/gpu/README.md);
+# override with $SGL_BASE_FLAGS (may be empty) on a fully installed box.
+DEFAULT_BASE_FLAGS = "--attention-backend triton --sampling-backend pytorch --grammar-backend none"
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+class TreeError(RuntimeError):
+    pass
+
+
+def base_flags() -> list[str]:
+    return shlex.split(os.environ.get("SGL_BASE_FLAGS", DEFAULT_BASE_FLAGS))
+
+
+def resolve_tree(tree: str | os.PathLike[str] | None = None) -> Path:
+    t = Path(tree or os.environ.get("SGLANG_TREE") or DEFAULT_TREE).resolve()
+    if not (t / "python" / "sglang" / "__init__.py").is_file():
+        raise TreeError(f"no SGLang tree at {t} (needs python/sglang): run `make apply` or set SGLANG_TREE")
+    return t
+
+
+def server_env(tree: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    old = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(tree / "python") + (os.pathsep + old if old else "")
+    env.setdefault("SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(extra or {})
+    return env
+
+
+def check_tree(tree: Path, python: str = sys.executable) -> str:
+    """Refuse an unpatched tree or a foreign `sglang`; return the imported sglang's path."""
+    sa = tree / "python" / "sglang" / "srt" / "server_args.py"
+    if not sa.is_file() or PATCH_MARKER not in sa.read_text(encoding="utf-8"):
+        raise TreeError(f"{tree} lacks the patch ({PATCH_MARKER} not in {sa}): run `make apply`")
+    proc = subprocess.run(
+        [python, "-c", "import sglang, sys; sys.stdout.write(sglang.__file__)"],
+        env=server_env(tree), capture_output=True, text=True, timeout=300,
+    )
+    if proc.returncode != 0:
+        raise TreeError(f"`import sglang` failed with PYTHONPATH={tree / 'python'}:\n{proc.stderr[-3000:]}")
+    imported = Path(proc.stdout.strip()).resolve()
+    if (tree / "python").resolve() not in imported.parents:
+        raise TreeError(
+            f"the server would import sglang from {imported}, not from the patched tree {tree}; "
+            "uninstall that sglang or fix PYTHONPATH"
+        )
+    return str(imported)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ServerSpec:
+    model: str
+    draft_model: str | None = None
+    tp: int = 1
+    flags: list[str] = field(default_factory=list)  # everything after --model-path/--port/--tp
+    env: dict[str, str] = field(default_factory=dict)
+
+    def argv(self, port: int, python: str = sys.executable) -> list[str]:
+        cmd = [python, "-m", "sglang.launch_server", "--model-path", self.model,
+               "--host", "127.0.0.1", "--port", str(port), "--tp", str(self.tp)]
+        if self.draft_model and "--speculative-algorithm" in self.flags:
+            cmd += ["--speculative-draft-model-path", self.draft_model]
+        return cmd + list(self.flags)
+
+
+def _wait_group_gone(pgid: int, timeout: float) -> None:
+    """Wait until no process of the group is left (GPU memory is freed only then)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            return
+        time.sleep(0.2)
+
+
+class Server:
+    """A running server. Use as a context manager, or call start()/stop()."""
+
+    def __init__(self, spec: ServerSpec, log_path: Path, tree: Path, *, port: int | None = None,
+                 python: str = sys.executable) -> None:
+        self.spec, self.log_path, self.tree, self.python = spec, Path(log_path), tree, python
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def command(self) -> str:
+        env = " ".join(f"{k}={v}" for k, v in self.spec.env.items())
+        return (env + " " if env else "") + shlex.join(self.spec.argv(self.port, self.python))
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, n: int = 60) -> str:
+        return "\n".join(self.log_text().splitlines()[-n:])
+
+    def start(self, timeout: float = 600.0) -> "Server":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        self._log.write(f"$ {self.command}\n".encode())
+        self._log.flush()
+        self.proc = subprocess.Popen(
+            self.spec.argv(self.port, self.python), stdout=self._log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, env=server_env(self.tree, self.spec.env), start_new_session=True,
+        )
+        try:
+            self._wait_healthy(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_healthy(self, timeout: float) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerError(
+                    f"server exited with {self.proc.returncode} before it was healthy; log {self.log_path}:\n"
+                    + self.log_tail()
+                )
+            try:
+                if requests.get(self.url + "/health", timeout=5).status_code == 200:
+                    # /health answers before the first generation works on some versions: probe once
+                    r = requests.post(self.url + "/generate", json={"text": "hi", "sampling_params": {
+                        "max_new_tokens": 1, "temperature": 0}}, timeout=120)
+                    if r.status_code == 200:
+                        return
+            except requests.RequestException:
+                pass
+            time.sleep(1.0)
+        raise ServerError(f"server not healthy after {timeout:.0f}s; log {self.log_path}:\n" + self.log_tail())
+
+    def stop(self, grace: float = 30.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(timeout=wait)
+                except subprocess.TimeoutExpired:
+                    continue
+                # the leader is gone; children (TP ranks, detokenizer) may linger in the group
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                break
+            _wait_group_gone(proc.pid, 30.0)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> "Server":
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,195 @@
+"""Helpers for the GPU tests: server specs, the concurrency ramp, greedy comparison, near-tie checks.
+
+Only one server runs at a time (each takes most of the GPU's memory): a run starts its server,
+sends its load, keeps the outputs, counters and log text, and stops it.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import client
+from bench.configs import EAGLE_V1, EAGLE_V2, V2_ENV
+from bench.logparse import Counters, parse_log, parse_metrics
+from bench.server import Server, ServerSpec, base_flags
+
+RAMP = [1, 2, 5, 10, 30, 70, 100, 250, 10, 1]
+NEW_TOKENS = int(os.environ.get("SGL_TEST_NEW_TOKENS", "32"))
+_sw = os.environ.get("SGL_TEST_SWITCH", "8,4").split(",")
+DISABLE, ENABLE = int(_sw[0]), int(_sw[1])
+CUDA_GRAPH_MAX_BS = int(os.environ.get("SGL_TEST_CUDA_GRAPH_MAX_BS", "64"))
+TIE_TOL = float(os.environ.get("SGL_TEST_TIE_TOL", "0.1"))  # nats between the target's top-2 logprobs
+STARTUP_TIMEOUT = float(os.environ.get("SGL_TEST_STARTUP_TIMEOUT", "900"))
+WORKERS: dict[str, tuple[list[str], dict[str, str]]] = {"v1": (EAGLE_V1, {}), "v2": (EAGLE_V2, dict(V2_ENV))}
+GREEDY = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
+LOGS_SEEN: list[Path] = []
+SUMMARY: list[str] = []  # lines for pytest's terminal summary (and $SGL_TEST_LOG_DIR/summary.txt)
+
+
+@dataclass(frozen=True)
+class Models:
+    target: str
+    draft: str | None
+    user: bool
+
+
+def models_for(pair: str, fixture_models: Any) -> Models:
+    user = os.environ.get("SGL_TEST_MODEL")
+    if user:
+        if pair != "exact":
+            pytest.skip("SGL_TEST_MODEL is set: the random-draft pair exists only for the fixture models")
+        draft = os.environ.get("SGL_TEST_DRAFT_MODEL")
+        if not draft:
+            pytest.skip("SGL_TEST_MODEL is set but SGL_TEST_DRAFT_MODEL is not")
+        return Models(user, draft, True)
+    t, d = fixture_models.pair(pair)
+    return Models(str(t), str(d), False)
+
+
+def tp_size() -> int:
+    return int(os.environ.get("SGL_TEST_TP", "1"))
+
+
+def common_flags() -> list[str]:
+    return base_flags() + [
+        "--enable-metrics", "--max-running-requests", "256", "--cuda-graph-max-bs", str(CUDA_GRAPH_MAX_BS),
+        "--decode-log-interval", "1",
+    ] + shlex.split(os.environ.get("SGL_TEST_EXTRA_FLAGS", ""))
+
+
+def switch_spec(models: Models, worker: str, tp: int, *, disable: int = DISABLE, enable: int = ENABLE,
+                extra: list[str] | None = None) -> ServerSpec:
+    flags, env = WORKERS[worker]
+    sw = ["--speculative-disable-batch-size", str(disable), "--speculative-enable-batch-size", str(enable)]
+    return ServerSpec(models.target, models.draft, tp, common_flags() + flags + sw + (extra or []), dict(env))
+
+
+def nospec_spec(models: Models, tp: int) -> ServerSpec:
+    return ServerSpec(models.target, None, tp, common_flags())
+
+
+def ramp_prompts(levels: list[int] = RAMP) -> list[list[str]]:
+    """Distinct prompts per request across the whole ramp, grouped by level."""
+    base = client.load_prompts()
+    out, k = [], 0
+    for c in levels:
+        out.append([f"Request {k + i}. {base[(k + i) % len(base)]}" for i in range(c)])
+        k += c
+    return out
+
+
+@dataclass
+class Run:
+    name: str
+    results: list[client.Result]
+    log_text: str
+    log_path: Path
+    metrics: Counters | None
+    level_walls: list[tuple[int, float]] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[str]:
+        return [r.error for r in self.results if r.error]
+
+    def counters(self, rank: int = 0) -> Counters | None:
+        """From /metrics when exported, else from the log's last state line."""
+        if self.metrics is not None:
+            return self.metrics
+        rl = parse_log(self.log_text).get(rank)
+        return rl.counters if rl else None
+
+
+def run_server(name: str, spec: ServerSpec, tree: Path, log_dir: Path, groups: list[list[str]],
+               sampling: dict[str, Any], extra: dict[str, Any] | None = None, fixed_concurrency: int | None = None) -> Run:
+    """Start a server, send each group with concurrency = its size (or fixed), stop it."""
+    log = log_dir / f"{name}.log"
+    if log.exists():
+        log.unlink()
+    LOGS_SEEN.append(log)
+    results: list[client.Result] = []
+    walls: list[tuple[int, float]] = []
+    with Server(spec, log, tree) as srv:
+        for g in groups:
+            lr = client.run_level(srv.url, g, fixed_concurrency or len(g), sampling, extra=extra)
+            results.extend(lr.results)
+            walls.append((len(g), lr.wall_s))
+        metrics = parse_metrics(client.get_metrics(srv.url))
+    return Run(name, results, log.read_text(encoding="utf-8", errors="replace"), log, metrics, walls)
+
+
+def reference(name: str, models: Models, tree: Path, log_dir: Path, prompts: list[str], tp: int = 1) -> Run:
+    """No-speculation greedy outputs with the top-2 logprobs at every output position."""
+    extra = {"return_logprob": True, "top_logprobs_num": 2}
+    return run_server(name, nospec_spec(models, tp), tree, log_dir, [prompts], GREEDY, extra, fixed_concurrency=64)
+
+
+def _ids(r: client.Result) -> list[Any]:
+    return list(r.output_ids) if r.output_ids else list(r.text)
+
+
+@dataclass
+class Comparison:
+    total: int
+    equal: int
+    divergences: list[dict[str, Any]]  # first divergence of each differing request
+
+    @property
+    def rate(self) -> float:
+        return self.equal / self.total if self.total else 0.0
+
+    @property
+    def not_near_tie(self) -> list[dict[str, Any]]:
+        return [d for d in self.divergences if not d["near_tie"]]
+
+    def line(self) -> str:
+        gaps = [d["gap"] for d in self.divergences if d["gap"] is not None]
+        s = f"greedy match {self.equal}/{self.total} ({100 * self.rate:.1f}%)"
+        if self.divergences:
+            s += (f"; {len(self.divergences)} diverge, {len(self.divergences) - len(self.not_near_tie)} at a near-tie"
+                  f" (top-2 gap <= {TIE_TOL})" + (f", max gap {max(gaps):.4f}" if gaps else ""))
+        return s
+
+
+def compare(spec_run: Run, ref_run: Run) -> Comparison:
+    by_prompt = {r.prompt: r for r in ref_run.results}
+    equal, divs = 0, []
+    for r in spec_run.results:
+        ref = by_prompt[r.prompt]
+        a, b = _ids(r), _ids(ref)
+        if a == b:
+            equal += 1
+            continue
+        i = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
+        tops = (ref.meta.get("output_top_logprobs") or [])
+        gap, in_top = None, False
+        if i < len(tops) and tops[i] and len(tops[i]) >= 2:
+            gap = float(tops[i][0][0]) - float(tops[i][1][0])
+            in_top = i < len(a) and any(t[1] == a[i] for t in tops[i])
+        divs.append({"prompt": r.prompt[:60], "pos": i, "spec": a[i] if i < len(a) else None,
+                     "ref": b[i] if i < len(b) else None, "gap": gap,
+                     "near_tie": gap is not None and gap <= TIE_TOL and in_top})
+    return Comparison(len(spec_run.results), equal, divs)
+
+
+def fallback_decode_lines(run: Run, disable: int, rank: int = 0) -> list[Any]:
+    """Decode log lines written while speculation was off (state from the log, else bs > N + 1)."""
+    rl = parse_log(run.log_text).get(rank)
+    if not rl:
+        return []
+    out = []
+    for d in rl.decode:
+        off = (d.spec_on is False) if d.spec_on is not None else d.batch_size > disable + 1
+        if off:
+            out.append(d)
+    return out
+
+
+def parallel(fn: Any, items: list[Any], n: int = 8) -> list[Any]:
+    with ThreadPoolExecutor(max_workers=n) as ex:
+        return list(ex.map(fn, items))

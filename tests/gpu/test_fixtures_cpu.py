@@ -1,0 +1,118 @@
+"""The fixture generator on CPU (no GPU needed; runs in CI): files, shapes, draft weight names,
+the exact pair's construction, determinism and the cache."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import fixtures
+
+pytestmark = pytest.mark.cpu_fixture
+SMALL = fixtures.FixtureParams(hidden=64, layers=8, heads=4, kv_heads=2, intermediate=128, vocab=512, max_positions=512)
+DRAFT_NAMES = {
+    "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
+    "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight", "midlayer.post_attention_layernorm.weight",
+    "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight", "midlayer.self_attn.v_proj.weight",
+    "midlayer.self_attn.o_proj.weight", "midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight",
+    "midlayer.mlp.down_proj.weight",
+}
+
+
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory: pytest.TempPathFactory) -> fixtures.Fixtures:
+    return fixtures.generate(SMALL, tmp_path_factory.mktemp("fx"), quiet=True)
+
+
+def _digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(root)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def test_layout(fx: fixtures.Fixtures) -> None:
+    for name in ("target-exact", "target-random", "draft-exact", "draft-random"):
+        d = fx.path(name)
+        for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+            assert (d / f).is_file(), f"{name}/{f} missing"
+        assert list(d.glob("*.safetensors")), f"{name} has no weights"
+    manifest = json.loads((fx.root / "manifest.json").read_text())
+    assert manifest["key"] == SMALL.key() == fx.root.name
+    assert fx.pair("exact") == (fx.path("target-exact"), fx.path("draft-exact"))
+
+
+def test_draft_checkpoint(fx: fixtures.Fixtures) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    vocab = json.loads((fx.root / "manifest.json").read_text())["vocab"]
+    h = SMALL.hidden
+    for kind in ("exact", "random"):
+        d = fx.path(f"draft-{kind}")
+        cfg = json.loads((d / "config.json").read_text())
+        assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+        assert cfg["num_hidden_layers"] == 1 and cfg["hidden_size"] == h
+        assert cfg["vocab_size"] == cfg["draft_vocab_size"] == vocab
+        w = load_file(str(d / "model.safetensors"))
+        assert set(w) == DRAFT_NAMES
+        assert w["fc.weight"].shape == (h, 3 * h)
+        assert w["midlayer.self_attn.q_proj.weight"].shape == (SMALL.heads * (h // SMALL.heads), 2 * h)
+        assert w["midlayer.self_attn.k_proj.weight"].shape == (SMALL.kv_heads * (h // SMALL.heads), 2 * h)
+        assert w["lm_head.weight"].shape == (vocab, h)
+        assert w["d2t"].dtype == torch.int64 and not w["d2t"].any()
+        assert w["t2d"].dtype == torch.bool and w["t2d"].all()
+        assert w["fc.weight"].dtype == torch.bfloat16
+    ex = load_file(str(fx.path("draft-exact") / "model.safetensors"))
+    fc = ex["fc.weight"].float()
+    assert not fc[:, : 2 * h].any(), "exact draft: fc must be [0 | 0 | I]"
+    assert torch.equal(fc[:, 2 * h:], torch.eye(h))
+    assert not ex["midlayer.self_attn.o_proj.weight"].any() and not ex["midlayer.mlp.down_proj.weight"].any()
+    rnd = load_file(str(fx.path("draft-random") / "model.safetensors"))
+    assert rnd["fc.weight"].float().std() > 0
+
+
+def test_exact_target_repeats_last_token_and_draft_agrees(fx: fixtures.Fixtures) -> None:
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    target = LlamaForCausalLM.from_pretrained(str(fx.path("target-exact")), torch_dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(str(fx.path("target-exact")))
+    assert target.config.num_hidden_layers == SMALL.layers and target.config.vocab_size == len(tok)
+    assert torch.equal(target.lm_head.weight, target.model.embed_tokens.weight)
+    ids = tok("def fix the bug in the server", return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = target(ids, output_hidden_states=True)
+    pred = out.logits[0].argmax(-1)
+    assert torch.equal(pred, ids[0]), "the exact target must predict the token it was fed"
+    # the draft's view: fc([h_a | h_b | h_c]) = h_c = the token's embedding; lm_head = embed -> same token
+    d = load_file(str(fx.path("draft-exact") / "model.safetensors"))
+    aux = torch.cat([out.hidden_states[i] for i in (2, SMALL.layers // 2, SMALL.layers - 3)], dim=-1)[0]
+    hidden = aux @ d["fc.weight"].float().T
+    normed = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + 1e-5)
+    draft_pred = (normed @ d["lm_head.weight"].float().T).argmax(-1)
+    assert torch.equal(draft_pred, ids[0])
+    rand = LlamaForCausalLM.from_pretrained(str(fx.path("target-random")), torch_dtype=torch.float32)
+    with torch.no_grad():
+        assert not torch.equal(rand(ids).logits[0].argmax(-1), ids[0])
+
+
+def test_deterministic_and_cached(fx: fixtures.Fixtures, tmp_path: Path) -> None:
+    again = fixtures.generate(SMALL, fx.root.parent, quiet=True)
+    assert again.root == fx.root  # cache hit: nothing rebuilt
+    fresh = fixtures.generate(SMALL, tmp_path, quiet=True)
+    assert _digest(fresh.root) == _digest(fx.root), "same parameters must give byte-identical fixtures"
+    other = fixtures.FixtureParams(**{**SMALL.__dict__, "seed": SMALL.seed + 1})
+    assert other.key() != SMALL.key()
+
+
+def test_cli_prints_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--root", str(tmp_path), "--hidden", "64", "--layers", "8", "--heads", "4", "--kv-heads", "2",
+            "--intermediate", "128", "--vocab", "512", "--max-positions", "512", "--json"]
+    assert fixtures.main(argv) == 0
+    paths = json.loads(capsys.readouterr().out)
+    assert Path(paths["exact"]["target"]).is_dir() and Path(paths["random"]["draft"]).is_dir()

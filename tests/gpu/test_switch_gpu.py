@@ -1,0 +1,123 @@
+"""The speculation switch on a real GPU: ramp, counters, greedy equality, TP agreement, CUDA graphs.
+
+Each (worker, pair) server runs once per session; its outputs, counters and log are shared by the
+tests below. Summary lines (quotable) are printed in pytest's terminal summary.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+import gpu_harness as H
+from gpu_harness import SUMMARY
+
+pytestmark = pytest.mark.gpu
+_CACHE: dict[str, Any] = {}
+
+
+def _once(key: str, make: Callable[[], Any]) -> Any:
+    if key not in _CACHE:
+        try:
+            _CACHE[key] = make()
+        except Exception as e:  # remember the failure: every test of this run reports it
+            _CACHE[key] = e
+    v = _CACHE[key]
+    if isinstance(v, Exception):
+        raise v
+    return v
+
+
+@pytest.fixture(scope="session")
+def ctx(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
+    return {"tree": sgl_tree, "logs": log_dir, "fx": fixture_models, "groups": H.ramp_prompts()}
+
+
+def ref_run(ctx: dict[str, Any], pair: str) -> H.Run:
+    models = H.models_for(pair, ctx["fx"])
+    flat = [p for g in ctx["groups"] for p in g]
+    return _once(f"ref-{pair}", lambda: H.reference(f"nospec-{pair}", models, ctx["tree"], ctx["logs"], flat, H.tp_size()))
+
+
+def switch_run(ctx: dict[str, Any], worker: str, pair: str) -> H.Run:
+    models = H.models_for(pair, ctx["fx"])
+    spec = H.switch_spec(models, worker, H.tp_size())
+    return _once(f"{worker}-{pair}", lambda: H.run_server(f"switch-{worker}-{pair}", spec, ctx["tree"], ctx["logs"],
+                                                          ctx["groups"], H.GREEDY))
+
+
+CASES = [pytest.param(w, p, id=f"{w}-{p}") for w in ("v1", "v2") for p in ("exact", "random")]
+
+
+@pytest.mark.parametrize("worker,pair", CASES)
+def test_ramp_serves_without_error(ctx: dict[str, Any], worker: str, pair: str) -> None:
+    run = switch_run(ctx, worker, pair)
+    ramp = ",".join(map(str, H.RAMP))
+    SUMMARY.append(f"[{worker} {pair}] ramp {ramp}: {len(run.results)} requests, {len(run.errors)} errors, "
+                   f"{H.NEW_TOKENS} new tokens each; log {run.log_path}")
+    assert not run.errors, f"{len(run.errors)} request(s) failed, first: {run.errors[0]}\nlog: {run.log_path}"
+    short = [r for r in run.results if r.completion_tokens != H.NEW_TOKENS]
+    assert not short, f"{len(short)} request(s) did not produce {H.NEW_TOKENS} tokens (ignore_eos is set)"
+
+
+@pytest.mark.parametrize("worker,pair", CASES)
+def test_both_kinds_of_step(ctx: dict[str, Any], worker: str, pair: str) -> None:
+    run = switch_run(ctx, worker, pair)
+    c = run.counters()
+    src = "/metrics" if run.metrics is not None else "log"
+    assert c is not None, f"no spec-switch counters in /metrics or the log ({run.log_path})"
+    SUMMARY.append(f"[{worker} {pair}] counters ({src}): spec_steps={c.spec_steps} fallback_steps={c.fallback_steps} "
+                   f"switches={c.switches} (disable > {H.DISABLE}, enable <= {H.ENABLE})")
+    assert c.spec_steps > 0, "no speculative step ran"
+    assert c.fallback_steps > 0, "no fallback (plain decode) step ran"
+    assert c.switches >= 2, "the ramp goes up and down: expected at least one switch each way"
+
+
+@pytest.mark.parametrize("worker,pair", CASES)
+def test_greedy_matches_nospec(ctx: dict[str, Any], worker: str, pair: str) -> None:
+    ref = ref_run(ctx, pair)
+    assert not ref.errors, f"reference server failed: {ref.errors[0]}"
+    run = switch_run(ctx, worker, pair)
+    cmp = H.compare(run, ref)
+    SUMMARY.append(f"[{worker} {pair}] {cmp.line()}")
+    for d in cmp.divergences[:5]:
+        SUMMARY.append(f"[{worker} {pair}]   first divergence at output pos {d['pos']}: spec {d['spec']} vs "
+                       f"no-spec {d['ref']}, target top-2 gap {d['gap']}, near-tie={d['near_tie']} ({d['prompt']!r})")
+    bad = cmp.not_near_tie
+    assert not bad, (f"{len(bad)} request(s) diverge from no-spec greedy output where the target is not near a tie "
+                     f"(top-2 gap > {H.TIE_TOL} or spec token not in its top-2): first {bad[0]}")
+
+
+@pytest.mark.parametrize("worker", ["v1", "v2"])
+def test_fallback_replays_cuda_graphs(ctx: dict[str, Any], worker: str) -> None:
+    run = switch_run(ctx, worker, "exact")
+    lines = H.fallback_decode_lines(run, H.DISABLE)
+    in_range = [d for d in lines if d.batch_size <= H.CUDA_GRAPH_MAX_BS and d.cuda_graph is not None]
+    eager = [d for d in in_range if not d.cuda_graph]
+    SUMMARY.append(f"[{worker} exact] fallback decode log lines: {len(lines)}, of them with bs <= {H.CUDA_GRAPH_MAX_BS}: "
+                   f"{len(in_range)}, cuda graph True: {len(in_range) - len(eager)}")
+    assert in_range, f"no decode log line written in fallback with bs <= {H.CUDA_GRAPH_MAX_BS} ({run.log_path})"
+    assert not eager, f"{len(eager)} fallback decode batch(es) ran without a CUDA graph, first: {eager[0].line}"
+
+
+@pytest.mark.gpus(2)
+def test_tp2_ranks_agree(ctx: dict[str, Any]) -> None:
+    models = H.models_for("exact", ctx["fx"])
+    spec = H.switch_spec(models, "v1", 2, extra=["--enable-metrics-for-all-schedulers"])
+    run = _once("v1-exact-tp2", lambda: H.run_server("switch-v1-exact-tp2", spec, ctx["tree"], ctx["logs"],
+                                                     ctx["groups"], H.GREEDY))
+    assert not run.errors, f"{len(run.errors)} request(s) failed at --tp 2, first: {run.errors[0]}"
+    ranks = H.parse_log(run.log_text)
+    events = {r: rl.events for r, rl in ranks.items() if rl.events or rl.counters}
+    counters = {r: (rl.counters.as_dict() if rl.counters else None) for r, rl in ranks.items()}
+    SUMMARY.append(f"[v1 exact tp2] ranks seen: {sorted(ranks)}; switch events per rank: "
+                   + "; ".join(f"TP{r}: {len(e)} ({', '.join(f'{d}@{bs}' for d, bs in e[:6])}{'...' if len(e) > 6 else ''})"
+                               for r, e in sorted(events.items())) + f"; counters {counters}")
+    assert {0, 1} <= set(events), (f"expected spec-switch lines from TP0 and TP1, got ranks {sorted(events)} "
+                                   f"({run.log_path}); the patch must log its switch events on every rank")
+    assert events[0], "TP0 logged no switch"
+    assert events[0] == events[1], f"ranks took different decisions: TP0 {events[0][:10]} vs TP1 {events[1][:10]}"
+    if counters.get(0) and counters.get(1):
+        # the last state line of each rank may be written at slightly different steps; switches must agree
+        assert counters[0]["switches"] == counters[1]["switches"]
