@@ -148,6 +148,11 @@ def write_plot(results: dict[str, Any], path: Path) -> Path | None:
     if rec.get("crossover"):
         ax.axvline(rec["crossover"], color="grey", linestyle=":", label=f"crossover C~{rec['crossover']:.1f}")
     ax.set_xscale("log")
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    ax.set_xticks(levels_of(results))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("concurrency (requests in flight)")
     ax.set_ylabel("output tokens / s")
     title = results.get("meta", {}).get("title") or "throughput vs concurrency"

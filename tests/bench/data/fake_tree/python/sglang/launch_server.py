@@ -1,0 +1,68 @@
+"""Fake `python -m sglang.launch_server`: /health, /generate, /metrics, /flush_cache over http.server.
+
+Generates `max_new_tokens` ids after a short sleep; counts spec/fallback steps by concurrency when
+--speculative-disable-batch-size is given; logs spec-switch lines like the patch.
+"""
+import argparse
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--port", type=int)
+ap.add_argument("--host", default="127.0.0.1")
+ap.add_argument("--speculative-algorithm")
+ap.add_argument("--speculative-disable-batch-size", type=int)
+args, _ = ap.parse_known_args()
+lock = threading.Lock()
+state = {"inflight": 0, "spec": 0, "fallback": 0, "switches": 0, "on": True}
+
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def _send(self, code, body, ctype="application/json"):
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            return self._send(200, "{}")
+        if self.path == "/metrics":
+            m = "".join(f"sglang:spec_switch_{k}_total{{tp_rank=\"0\"}} {float(state[k.split('_')[0]])}\n"
+                        for k in ("spec_steps", "fallback_steps", "switches")) if args.speculative_disable_batch_size is not None else ""
+            return self._send(200, "# fake\n" + m, "text/plain")
+        self._send(404, "{}")
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if self.path == "/flush_cache":
+            return self._send(200, "{}")
+        n = int(body.get("sampling_params", {}).get("max_new_tokens", 16))
+        with lock:
+            state["inflight"] += 1
+            bs = state["inflight"]
+            n_thr = args.speculative_disable_batch_size
+            if n_thr is not None:
+                on = bs <= n_thr
+                if on != state["on"]:
+                    state["switches"] += 1
+                    state["on"] = on
+                    print(f"[fake TP0] spec-switch: speculation {'ON' if on else 'OFF'} at bs={bs}", flush=True)
+                state["spec" if on else "fallback"] += 1
+        time.sleep(0.002 * n)
+        with lock:
+            state["inflight"] -= 1
+        self._send(200, json.dumps({"text": "x" * n, "output_ids": list(range(n)),
+                                    "meta_info": {"completion_tokens": n}}))
+
+
+print(f"[fake TP0] fake server on {args.port}, argv {sys.argv[1:]}", flush=True)
+ThreadingHTTPServer((args.host, args.port), H).serve_forever()

@@ -1,0 +1,154 @@
+"""Threshold recommendation and the result writers, on synthetic sweeps (CPU, fast)."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench import report  # noqa: E402
+from bench.analysis import _crossing, best_of_ratios, hysteresis, recommend  # noqa: E402
+
+LEVELS = [1, 2, 5, 10, 30, 70, 100, 250]
+# anchors.md section 1: the user's 8x RTX PRO 6000 box, Kimi-K2.5, SGLang 0.5.9 (tok/s)
+USER_SPEC = dict(zip(LEVELS, [77.5, 125.1, 183.2, 239.6, 299.5, 337.7, 338.8, 340.9]))
+USER_NOSPEC = dict(zip(LEVELS, [92.6, 159.7, 292.5, 457.2, 711.0, 784.2, 761.6, 772.1]))
+# shared/gpu/README.md: H200, fixture models, exact pair (speculation wins at 1 and 16, loses at 64)
+H200_NOSPEC = {1: 535.0, 16: 2090.0, 64: 19998.0}
+H200_SPEC = {1: 745.0, 16: 2521.0, 64: 10361.0}
+
+
+def test_user_table_speculation_never_wins() -> None:
+    rec = recommend(USER_NOSPEC, USER_SPEC)
+    assert rec.kind == "never"
+    assert rec.crossover is None
+    assert rec.disable_batch_size == 0 and rec.enable_batch_size == 0
+    assert rec.flags == ("--speculative-disable-batch-size 0 --speculative-enable-batch-size 0 "
+                         "--speculative-fallback-skip-draft-sync")
+    assert "without --speculative-algorithm" in rec.message
+    assert rec.ratios[1] == pytest.approx(77.5 / 92.6)
+    assert rec.ratios[250] == pytest.approx(340.9 / 772.1)
+
+
+def test_h200_crossover_interpolated_on_log_axis() -> None:
+    rec = recommend(H200_NOSPEC, H200_SPEC)
+    assert rec.kind == "crossover"
+    r16, r64 = 2521 / 2090, 10361 / 19998
+    t = math.log(r16) / (math.log(r16) - math.log(r64))
+    expect = math.exp(math.log(16) + t * (math.log(64) - math.log(16)))
+    assert rec.crossover == pytest.approx(expect)
+    assert 16 < rec.crossover < 64
+    n = math.floor(expect)
+    assert rec.disable_batch_size == n
+    assert rec.enable_batch_size == hysteresis(n) < n
+    assert rec.flags == f"--speculative-disable-batch-size {n} --speculative-enable-batch-size {hysteresis(n)}"
+
+
+def test_crossing_is_exact_for_power_laws() -> None:
+    # ratio = (c / 20) ** -0.5: crosses 1 exactly at c = 20, between 10 and 30
+    assert _crossing(10, (10 / 20) ** -0.5, 30, (30 / 20) ** -0.5) == pytest.approx(20.0)
+
+
+def test_always_wins() -> None:
+    rec = recommend({1: 100, 10: 500, 100: 1000}, {1: 200, 10: 900, 100: 1100})
+    assert rec.kind == "always" and rec.flags == "" and rec.disable_batch_size is None
+    assert "every measured level" in rec.message
+
+
+def test_non_monotonic_uses_first_crossing_and_says_so() -> None:
+    rec = recommend({1: 100, 2: 100, 5: 100, 10: 100}, {1: 150, 2: 90, 5: 110, 10: 80})
+    assert rec.kind == "crossover" and 1 < rec.crossover < 2
+    assert rec.disable_batch_size == 1 and rec.enable_batch_size == 1
+    assert any("wins again" in n for n in rec.notes)
+
+
+def test_loses_low_but_wins_high_is_never_with_a_note() -> None:
+    rec = recommend({1: 100, 10: 100}, {1: 90, 10: 120})
+    assert rec.kind == "never" and rec.notes
+
+
+def test_insufficient_and_partial_overlap() -> None:
+    assert recommend({}, {1: 1.0}).kind == "insufficient"
+    rec = recommend({1: 100, 5: 100, 7: 100}, {1: 200, 5: 50})  # level 7 only in one sweep
+    assert rec.kind == "crossover" and set(rec.ratios) == {1, 5}
+
+
+@pytest.mark.parametrize("n,m", [(0, 0), (1, 1), (2, 1), (4, 3), (8, 6), (16, 12), (23, 17), (100, 75)])
+def test_hysteresis(n: int, m: int) -> None:
+    assert hysteresis(n) == m
+    assert m <= n and (n < 2 or m < n)
+
+
+def test_best_of_ratios() -> None:
+    r = best_of_ratios({1: 90, 10: 500, 30: 10}, {1: 100, 10: 400}, {1: 80, 10: 600})
+    assert r == {1: pytest.approx(0.9), 10: pytest.approx(500 / 600)}  # 30: no reference
+
+
+def _levels(series: dict[int, float], counters: bool = False) -> list[dict]:
+    return [{"concurrency": c, "requests": max(30, c), "output_tokens": int(v * 10), "wall_s": 10.0, "tok_per_s": v,
+             "errors": [], "counters": {"spec_steps": 5, "fallback_steps": 7, "switches": 2} if counters else None}
+            for c, v in series.items()]
+
+
+def user_results() -> dict:
+    switch = {c: max(USER_NOSPEC[c], USER_SPEC[c]) * (0.97 if c != 10 else 0.9) for c in LEVELS}
+    return {"meta": {"model": "kimi", "tp": 8}, "configs": {
+        "nospec": {"flags": [], "env": {}, "compare_to": [], "levels": _levels(USER_NOSPEC)},
+        "spec": {"flags": ["--speculative-algorithm", "EAGLE3"], "env": {}, "compare_to": [], "levels": _levels(USER_SPEC)},
+        "switch-v1": {"flags": ["--speculative-algorithm", "EAGLE3", "--speculative-disable-batch-size", "0"], "env": {},
+                      "compare_to": ["nospec", "spec"], "levels": _levels(switch, counters=True)},
+    }}
+
+
+def test_writers(tmp_path: Path) -> None:
+    res = user_results()
+    res["configs"]["spec"]["levels"][2]["errors"] = ["HTTP 500: boom"]
+    paths = report.write_all(res, tmp_path)
+    data = json.loads(paths["json"].read_text())
+    assert data["recommendation"]["kind"] == "never"
+    assert data["ratios"]["switch-v1"]["1"] == pytest.approx(0.97)
+    assert data["ratios"]["switch-v1"]["10"] == pytest.approx(0.9)
+    rows = list(csv.DictReader(paths["csv"].open()))
+    assert len(rows) == 3 * len(LEVELS)
+    assert set(rows[0]) == set(report.CSV_FIELDS)
+    sw = [r for r in rows if r["config"] == "switch-v1"]
+    assert sw[0]["ratio_to_best"] == "0.970" and sw[0]["switches"] == "2"
+    assert [r for r in rows if r["config"] == "spec"][2]["errors"] == "1"
+    md = paths["md"].read_text()
+    assert "| config | C=1 | C=2 | C=5 | C=10 | C=30 | C=70 | C=100 | C=250 |" in md
+    assert "| nospec | 93 | 160 | 292 | 457 | 711 | 784 | 762 | 772 |" in md
+    assert "(1 err)" in md
+    assert "| switch-v1 / max(nospec, spec) | 0.97 |" in md and "**0.90**" in md
+    assert "--speculative-disable-batch-size 0 --speculative-enable-batch-size 0" in md
+    assert "| spec / nospec | 0.84 |" in md
+    if paths["png"] is not None:  # only when matplotlib is installed
+        assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_is_optional(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real = builtins.__import__
+
+    def no_mpl(name: str, *a, **k):  # type: ignore[no-untyped-def]
+        if name.startswith("matplotlib"):
+            raise ImportError("no matplotlib")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_mpl)
+    paths = report.write_all(user_results(), tmp_path)
+    assert paths["png"] is None and paths["json"].is_file() and paths["md"].is_file() and paths["csv"].is_file()
+
+
+def test_merge_recomputes(tmp_path: Path) -> None:
+    res = user_results()
+    a = {"meta": res["meta"], "configs": {"nospec": res["configs"]["nospec"]}}
+    b = {"meta": {}, "configs": {k: v for k, v in res["configs"].items() if k != "nospec"}}
+    merged = report.merge(a, b)
+    assert set(merged["configs"]) == {"nospec", "spec", "switch-v1"}
+    assert merged["recommendation"]["kind"] == "never" and "switch-v1" in merged["ratios"]

@@ -1,0 +1,63 @@
+"""`python -m bench` end to end against a fake server (tests/bench/data/fake_tree): server start and
+stop in its own process group, the sweep, counters from /metrics, thresholds from this run, writers."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_TREE = Path(__file__).parent / "data" / "fake_tree"
+sys.path.insert(0, str(ROOT))
+
+
+def test_bench_against_fake_server(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "SGL_BASE_FLAGS": "", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "bench", "--tree", str(FAKE_TREE), "--model", "/fake/target", "--draft-model", "/fake/draft",
+           "--configs", "nospec,spec,switch-v1", "--concurrency", "1,4", "--num-requests", "4", "--max-new-tokens", "8",
+           "--switch-thresholds", "2,1", "--out", str(out), "--startup-timeout", "60"]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["configs"]) == {"nospec", "spec", "switch-v1"}
+    for name, c in res["configs"].items():
+        assert [lv["concurrency"] for lv in c["levels"]] == [1, 4]
+        assert all(lv["output_tokens"] == 8 * lv["requests"] and not lv["errors"] for lv in c["levels"]), name
+    sw = res["configs"]["switch-v1"]
+    assert sw["flags"][-4:] == ["--speculative-disable-batch-size", "2", "--speculative-enable-batch-size", "1"]
+    assert "--speculative-draft-model-path" not in sw["flags"]  # added by ServerSpec.argv
+    assert sw["levels"][0]["counters"]["spec_steps"] == 4 and sw["levels"][1]["counters"]["fallback_steps"] > 0
+    assert res["configs"]["nospec"]["levels"][0]["counters"] is None
+    assert set(res["ratios"]["switch-v1"]) == {"1", "4"}
+    assert (out / "results.csv").is_file() and (out / "results.md").is_file()
+    assert "recommended" in p.stdout or res["recommendation"]["kind"] in ("always", "never", "crossover")
+    log = (out / "logs" / "spec.log").read_text()
+    assert "--speculative-draft-model-path /fake/draft" in log
+    # no server left behind
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(FAKE_TREE) not in ps and "--model-path /fake/target" not in ps
+
+
+def test_switch_thresholds_from_this_run(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "SGL_BASE_FLAGS": "", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "bench", "--tree", str(FAKE_TREE), "--model", "/fake/t", "--draft-model", "/fake/d",
+           "--configs", "switch-v1", "--concurrency", "1", "--num-requests", "1", "--max-new-tokens", "2", "--out", str(out)]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "need thresholds" in p.stderr
+    assert "failed" in json.loads((out / "results.json").read_text())["configs"]["switch-v1"]
+
+
+def test_server_failure_is_reported_with_log(tmp_path: Path) -> None:
+    from bench.server import Server, ServerError, ServerSpec
+
+    spec = ServerSpec("/m", flags=["--port-is-overridden"], env={"PYTHONPATH": "/nonexistent"})
+    srv = Server(spec, tmp_path / "s.log", tmp_path)  # tree without python/sglang: import fails
+    with pytest.raises(ServerError, match="exited with"):
+        srv.start(timeout=60)
+    assert srv.proc is None and (tmp_path / "s.log").is_file()

@@ -1,0 +1,122 @@
+"""Log and /metrics parsers, config selection, prompt loading, CLI plumbing (CPU, fast)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench import cli, client  # noqa: E402
+from bench.configs import CONFIGS, parse_configs  # noqa: E402
+from bench.logparse import parse_log, parse_metrics, rank_of  # noqa: E402
+from bench.server import ServerSpec, TreeError, check_tree  # noqa: E402
+
+LOG = """\
+[2026-11-29 10:00:00 TP0] Prefill batch, #new-seq: 1, #new-token: 12, cuda graph: False
+[2026-11-29 10:00:01 TP0] Decode batch, #running-req: 4, #token: 100, token usage: 0.00, accept len: 3.90, cuda graph: True, gen throughput (token/s): 700.00, #queue-req: 0, spec-switch: on=True spec_steps=10 fallback_steps=0 switches=0
+[2026-11-29 10:00:01 TP1] spec-switch: speculation OFF at bs=12
+[2026-11-29 10:00:01 TP0] spec-switch: speculation OFF at bs=12
+[2026-11-29 10:00:02 TP0] Decode batch, #running-req: 12, #token: 300, token usage: 0.01, cuda graph: True, gen throughput (token/s): 900.00, #queue-req: 0
+[2026-11-29 10:00:02 TP0] Decode batch, #running-req: 30, #token: 900, token usage: 0.02, cuda graph: False, gen throughput (token/s): 2000.00, #queue-req: 0
+[2026-11-29 10:00:03 TP0] spec-switch: on=False spec_steps=10 fallback_steps=25 switches=1
+[2026-11-29 10:00:03 TP1] spec-switch: on=False spec_steps=10 fallback_steps=25 switches=1
+[2026-11-29 10:00:04 TP0] spec-switch: speculation ON at bs=3
+[2026-11-29 10:00:04 TP0] Decode batch, #running-req: 3, #token: 50, token usage: 0.00, cuda graph: True, spec steps: 12, fallback steps: 30, switches: 2
+"""
+
+METRICS = """\
+# HELP sglang:spec_switch_spec_steps_total Speculative decode steps
+# TYPE sglang:spec_switch_spec_steps_total counter
+sglang:spec_switch_spec_steps_total{model_name="m",tp_rank="0"} 120.0
+sglang:spec_switch_spec_steps_created{model_name="m"} 1.7e9
+sglang:spec_switch_fallback_steps_total{model_name="m",tp_rank="0"} 55.0
+sglang:spec_switch_switches_total{model_name="m",tp_rank="0"} 4.0
+sglang:num_running_reqs{model_name="m"} 3.0
+"""
+
+
+def test_rank_of() -> None:
+    assert rank_of("[2026-11-29 10:00:01 TP1] x") == 1
+    assert rank_of("[2026-11-29 10:00:01 DP0 TP3] x") == 3
+    assert rank_of("[2026-11-29 10:00:01] x") == 0
+
+
+def test_parse_log() -> None:
+    ranks = parse_log(LOG)
+    assert set(ranks) == {0, 1}
+    r0, r1 = ranks[0], ranks[1]
+    assert r0.events == [("OFF", 12), ("ON", 3)] and r1.events == [("OFF", 12)]
+    assert r0.counters is not None and r0.counters.as_dict() == {"spec_steps": 12, "fallback_steps": 30, "switches": 2}
+    assert r1.counters is not None and r1.counters.switches == 1
+    states = [(d.batch_size, d.spec_on, d.cuda_graph) for d in r0.decode]
+    assert states == [(4, True, True), (12, False, True), (30, False, False), (3, True, True)]
+
+
+def test_parse_metrics() -> None:
+    c = parse_metrics(METRICS)
+    assert c is not None and c.as_dict() == {"spec_steps": 120, "fallback_steps": 55, "switches": 4}
+    assert parse_metrics("sglang:num_running_reqs 3\n") is None
+    assert parse_metrics("") is None
+
+
+def test_parse_configs_orders_baselines_first() -> None:
+    assert [c.name for c in parse_configs("switch-v1,nospec,spec")] == ["nospec", "spec", "switch-v1"]
+    with pytest.raises(ValueError, match="unknown config"):
+        parse_configs("nospec,bogus")
+    assert CONFIGS["switch-v2"].env == {"SGLANG_ENABLE_SPEC_V2": "1"}
+    assert "--speculative-eagle-topk" in CONFIGS["spec"].flags
+
+
+def test_prompts() -> None:
+    prompts = client.load_prompts()
+    assert len(prompts) >= 30 and all(isinstance(p, str) and p for p in prompts)
+    batch = client.prompts_for_level(prompts, len(prompts) + 3)
+    assert len(set(batch)) == len(batch)  # repeats are made distinct
+
+
+def test_server_argv() -> None:
+    spec = ServerSpec("/m", "/d", 2, ["--speculative-algorithm", "EAGLE3"])
+    argv = spec.argv(1234, "py")
+    assert argv[:3] == ["py", "-m", "sglang.launch_server"]
+    assert argv[argv.index("--tp") + 1] == "2" and argv[argv.index("--port") + 1] == "1234"
+    assert argv[argv.index("--speculative-draft-model-path") + 1] == "/d"
+    assert "--speculative-draft-model-path" not in ServerSpec("/m", "/d").argv(1, "py")
+
+
+def _tree(tmp_path: Path, patched: bool) -> Path:
+    pkg = tmp_path / "python" / "sglang" / "srt"
+    pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("")
+    (pkg / "server_args.py").write_text("speculative_disable_batch_size = None\n" if patched else "x = 1\n")
+    return tmp_path
+
+
+def test_check_tree(tmp_path: Path) -> None:
+    with pytest.raises(TreeError, match="lacks the patch"):
+        check_tree(_tree(tmp_path / "a", patched=False))
+    tree = _tree(tmp_path / "b", patched=True)
+    assert Path(check_tree(tree)).resolve() == (tree / "python" / "sglang" / "__init__.py").resolve()
+
+
+def test_cli_report_merges(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from test_bench_analysis import user_results
+
+    res = user_results()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "results.json").write_text(json.dumps({"meta": {}, "configs": {"nospec": res["configs"]["nospec"]}}))
+    (tmp_path / "b.json").write_text(json.dumps({"meta": {}, "configs": {"spec": res["configs"]["spec"]}}))
+    assert cli.main(["report", str(tmp_path / "a"), str(tmp_path / "b.json"), "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "speculation never pays" in out
+    assert (tmp_path / "o" / "results.md").is_file() and (tmp_path / "o" / "results.csv").is_file()
+    assert cli.main(["report", str(tmp_path / "missing")]) == 2
+
+
+def test_cli_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["--concurrency", "0,1"])
+    assert cli.main(["--configs", "bogus", "--tree", "/nonexistent"]) == 2
+    assert "unknown config" in capsys.readouterr().err
