@@ -1,0 +1,197 @@
+"""The speculation switch's decision, its server arguments, the graph-runner guard, and metrics.
+
+All of it is the patched SGLang code itself, run on CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from sglang_cpu import make_server_args, write_tiny_llama_config
+
+
+def test_hysteresis_switches_once_per_crossing():
+    from sglang.srt.speculative.spec_switch import SpecSwitch
+
+    switch = SpecSwitch(disable_batch_size=8, enable_batch_size=4)
+    ramp = [1, 8, 9, 8, 7, 5, 9, 4, 5, 8, 9, 6]
+    decisions = [switch.should_speculate(bs) for bs in ramp]
+
+    assert decisions == [True, True, False, False, False, False, False, True, True, True, False, False]
+    assert switch.switches == 3
+    assert switch.spec_steps == decisions.count(True)
+    assert switch.fallback_steps == decisions.count(False)
+    assert switch.status() == (
+        "spec-switch: on=False spec_steps=5 fallback_steps=7 switches=3"
+    )
+
+
+def test_equal_thresholds_follow_the_batch_size_exactly():
+    from sglang.srt.speculative.spec_switch import SpecSwitch
+
+    switch = SpecSwitch(disable_batch_size=4, enable_batch_size=4)
+    assert [switch.should_speculate(bs) for bs in [4, 5, 4, 5]] == [True, False, True, False]
+
+
+def test_switch_is_off_unless_configured(tmp_path):
+    from sglang.srt.speculative.spec_switch import SpecSwitch
+
+    args = make_server_args(write_tiny_llama_config(tmp_path / "m"))
+    assert SpecSwitch.from_server_args(args) is None
+
+
+def _handle(tmp_path, **overrides):
+    args = make_server_args(write_tiny_llama_config(tmp_path / "m"), **overrides)
+    args._handle_speculative_switch()
+    return args
+
+
+def test_enable_batch_size_defaults_below_the_disable_threshold(tmp_path):
+    assert _handle(tmp_path, speculative_disable_batch_size=32).speculative_enable_batch_size == 24
+    assert _handle(tmp_path, speculative_disable_batch_size=1).speculative_enable_batch_size == 1
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"speculative_enable_batch_size": 4}, "needs --speculative-disable-batch-size"),
+        ({"speculative_disable_batch_size": 0}, "must be at least 1, got 0"),
+        (
+            {"speculative_disable_batch_size": 8, "speculative_enable_batch_size": 9},
+            r"\(9\) must be between 1 and --speculative-disable-batch-size \(8\)",
+        ),
+        (
+            {"speculative_disable_batch_size": 8, "enable_dp_attention": True},
+            "does not support --enable-dp-attention",
+        ),
+        ({"speculative_disable_batch_size": 8, "pp_size": 2}, "pipeline parallelism"),
+        (
+            {"speculative_disable_batch_size": 8, "speculative_algorithm": "NGRAM"},
+            "EAGLE or EAGLE3, not NGRAM",
+        ),
+    ],
+)
+def test_bad_switch_arguments_are_refused(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        _handle(tmp_path, **overrides)
+
+
+def test_switch_arguments_are_in_help():
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(
+        [
+            "--model-path", "m",
+            "--speculative-disable-batch-size", "16",
+            "--speculative-enable-batch-size", "8",
+            "--speculative-fallback-skip-draft-sync",
+        ]
+    )
+    assert (args.speculative_disable_batch_size, args.speculative_enable_batch_size) == (16, 8)
+    assert args.speculative_fallback_skip_draft_sync is True
+    assert "--speculative-disable-batch-size" in parser.format_help()
+
+
+def _verify_graph_runner(max_bs: int):
+    """A CudaGraphRunner as an EAGLE target builds it: TARGET_VERIFY, 16 tokens per request."""
+    from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    runner = object.__new__(CudaGraphRunner)
+    runner.require_mlp_tp_gather = False
+    runner.require_mlp_sync = False
+    runner.enable_pdmux = False
+    runner.disable_padding = False
+    runner.max_bs = max_bs
+    runner.graphs = {}
+    runner.is_encoder_decoder = False
+    runner.enable_two_batch_overlap = False
+    runner.capture_forward_mode = ForwardMode.TARGET_VERIFY
+    runner.capture_hidden_mode = CaptureHiddenMode.FULL
+    runner.num_tokens_per_bs = 16
+    runner.model_runner = type("MR", (), {"spec_algorithm": SpeculativeAlgorithm.EAGLE3})()
+    return runner
+
+
+def _forward_batch(mode, bs, tokens_per_req):
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
+
+    return ForwardBatch(
+        forward_mode=mode,
+        batch_size=bs,
+        input_ids=torch.zeros(bs * tokens_per_req, dtype=torch.int64),
+        req_pool_indices=torch.arange(bs),
+        seq_lens=torch.full((bs,), 10),
+        out_cache_loc=torch.zeros(bs * tokens_per_req, dtype=torch.int64),
+        seq_lens_sum=10 * bs,
+        capture_hidden_mode=CaptureHiddenMode.FULL,
+    )
+
+
+def test_decode_batch_never_replays_a_verify_graph():
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    runner = _verify_graph_runner(max_bs=32)
+    assert runner.can_run(_forward_batch(ForwardMode.TARGET_VERIFY, 10, 16))
+    assert not runner.can_run(_forward_batch(ForwardMode.DECODE, 10, 1))
+    assert runner.can_run(_forward_batch(ForwardMode.IDLE, 0, 1))
+
+
+def test_fallback_steps_do_not_dilute_acceptance_metrics(tmp_path):
+    """The scheduler's per-interval acceptance counts only speculative steps."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    make_server_args(write_tiny_llama_config(tmp_path / "m"))
+    scheduler = object.__new__(Scheduler)
+    scheduler.spec_num_accepted_tokens = 0
+    scheduler.spec_num_forward_ct = 0
+    scheduler.num_generated_tokens = 0
+    # 4 requests, 2 speculative steps accepting 3 drafts each, then 5 fallback steps.
+    for _ in range(2):
+        scheduler.update_spec_metrics(4, 12)
+    accept_length = scheduler.spec_num_accepted_tokens / scheduler.spec_num_forward_ct
+    assert accept_length == 4.0
+    # The processor calls update_spec_metrics only when the result was speculative.
+    from sglang.srt.managers.utils import GenerationBatchResult
+
+    fallback = GenerationBatchResult(next_token_ids=torch.zeros(4), spec_skipped=True)
+    assert fallback.spec_skipped and not GenerationBatchResult().spec_skipped
+
+
+def test_prometheus_counters_follow_the_switch():
+    from prometheus_client import CollectorRegistry  # noqa: F401  (the real client)
+
+    from sglang.srt.metrics.collector import SchedulerMetricsCollector
+    from sglang.srt.speculative.spec_switch import SpecSwitch
+
+    collector = object.__new__(SchedulerMetricsCollector)
+    from prometheus_client import Counter
+
+    registry = CollectorRegistry()
+    labels = {"model_name": "m"}
+    collector.labels = labels
+    for name in ("spec_steps", "fallback_steps", "switches"):
+        setattr(
+            collector,
+            f"spec_switch_{name}_total",
+            Counter(f"sglang:spec_switch_{name}_total", name, labels.keys(), registry=registry),
+        )
+    collector.last_spec_switch_counts = (0, 0, 0)
+
+    switch = SpecSwitch(8, 4)
+    for bs in [1, 9, 9, 2]:
+        switch.should_speculate(bs)
+    collector.log_spec_switch(switch)
+    switch.should_speculate(9)
+    collector.log_spec_switch(switch)
+
+    value = lambda n: registry.get_sample_value(f"sglang:spec_switch_{n}_total", labels)  # noqa: E731
+    assert (value("spec_steps"), value("fallback_steps"), value("switches")) == (2.0, 3.0, 3.0)
