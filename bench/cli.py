@@ -82,18 +82,15 @@ def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _switch_thresholds(args: argparse.Namespace, results: dict[str, Any], levels: list[int]) -> tuple[int, int]:
+def _switch_thresholds(cfg: Config, args: argparse.Namespace, results: dict[str, Any], levels: list[int]) -> tuple[int, int]:
     if args.switch_thresholds:
         return args.switch_thresholds
-    rec = None
-    if args.thresholds_from:
-        rec = json.loads(args.thresholds_from.read_text()).get("recommendation")
-    else:
-        report.analyse(results)
-        rec = results.get("recommendation")
+    src = json.loads(args.thresholds_from.read_text()) if args.thresholds_from else report.analyse(results)
+    recs = src.get("recommendations") or {}
+    rec = recs.get(cfg.baseline) or src.get("recommendation")
     if not rec or rec["kind"] == "insufficient":
-        raise BenchError(f"switch configs need thresholds: run {BASELINE_NOSPEC} and {BASELINE_SPEC} first in the same "
-                         "run, or pass --switch-thresholds N,M or --thresholds-from results.json")
+        raise BenchError(f"{cfg.name} needs thresholds: run {BASELINE_NOSPEC} and {cfg.baseline} (or {BASELINE_SPEC}) "
+                         "first in the same run, or pass --switch-thresholds N,M or --thresholds-from results.json")
     if rec["kind"] == "always":  # never switch off within the sweep
         n = max(levels)
         return n, hysteresis(n)
@@ -104,7 +101,8 @@ def run_config(cfg: Config, args: argparse.Namespace, tree: Path, model: str, dr
                prompts: list[str], levels: list[int], results: dict[str, Any], out: Path) -> None:
     flags = base_flags() + list(cfg.flags) + ["--enable-metrics", "--max-running-requests", str(args.max_running_requests)]
     if cfg.switch:
-        n, m = _switch_thresholds(args, results, levels)
+        n, m = _switch_thresholds(cfg, args, results, levels)
+        say(f"[{cfg.name}] thresholds: disable above {n}, enable at <= {m}")
         flags += ["--speculative-disable-batch-size", str(n), "--speculative-enable-batch-size", str(m)]
     flags += shlex.split(args.extra_flags)
     if cfg.speculative and not draft:

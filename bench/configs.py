@@ -20,6 +20,7 @@ class Config:
     env: dict[str, str] = field(default_factory=dict)
     switch: bool = False  # gets --speculative-{disable,enable}-batch-size
     compare_to: tuple[str, ...] = ()  # ratio: this / max(these) per level
+    baseline: str = "spec"  # switch configs: thresholds from the crossover of nospec and this config
     help: str = ""
 
     @property
@@ -33,13 +34,13 @@ CONFIGS: dict[str, Config] = {c.name: c for c in [
     Config("switch-v1", EAGLE_V1, switch=True, compare_to=("nospec", "spec"),
            help="v1 EAGLE-3 with the dynamic switch"),
     Config("spec-v2", EAGLE_V2, V2_ENV, help="always EAGLE-3, v2 (overlap) worker, topk 1, 3 steps, 4 draft tokens"),
-    Config("switch-v2", EAGLE_V2, V2_ENV, switch=True, compare_to=("nospec", "spec-v2", "spec"),
+    Config("switch-v2", EAGLE_V2, V2_ENV, switch=True, compare_to=("nospec", "spec-v2"), baseline="spec-v2",
            help="v2 EAGLE-3 with the dynamic switch"),
     Config("spec-s2", EAGLE_V1_S2, help="reduced: v1, topk 1, 2 steps, 3 draft tokens"),
-    Config("switch-s2", EAGLE_V1_S2, switch=True, compare_to=("nospec", "spec-s2"),
+    Config("switch-s2", EAGLE_V1_S2, switch=True, compare_to=("nospec", "spec-s2"), baseline="spec-s2",
            help="reduced v1 speculation with the switch"),
 ]}
-DEFAULT_CONFIGS = ["nospec", "spec", "switch-v1", "switch-v2"]
+DEFAULT_CONFIGS = ["nospec", "spec", "spec-v2", "switch-v1", "switch-v2"]
 # The recommendation is computed from these two sweeps.
 BASELINE_NOSPEC, BASELINE_SPEC = "nospec", "spec"
 

@@ -25,6 +25,13 @@ def analyse(results: dict[str, Any]) -> dict[str, Any]:
     s = {name: series(c.get("levels", [])) for name, c in cfgs.items()}
     if BASELINE_NOSPEC in s and BASELINE_SPEC in s:
         results["recommendation"] = recommend(s[BASELINE_NOSPEC], s[BASELINE_SPEC]).as_dict()
+    # one recommendation per always-speculative config (the switch configs use their baseline's)
+    recs = {}
+    for name, c in cfgs.items():
+        if BASELINE_NOSPEC in s and name in s and name != BASELINE_NOSPEC and "--speculative-algorithm" in (c.get("flags") or []) \
+                and not any(f == "--speculative-disable-batch-size" for f in c.get("flags") or []):
+            recs[name] = recommend(s[BASELINE_NOSPEC], s[name]).as_dict()
+    results["recommendations"] = recs
     ratios: dict[str, dict[str, float]] = {}
     for name, c in cfgs.items():
         refs = c.get("compare_to") or (list(CONFIGS[name].compare_to) if name in CONFIGS else [])
@@ -113,6 +120,11 @@ def markdown(results: dict[str, Any]) -> str:
             out += ["", "```", rec["flags"], "```"]
         for n in rec.get("notes") or []:
             out.append(f"- note: {n}")
+        out.append("")
+    for name, r in (results.get("recommendations") or {}).items():
+        if name != BASELINE_SPEC:
+            out.append(f"- `{name}` vs nospec ({r['kind']}): {r['message']}" + (f": `{r['flags']}`" if r.get("flags") else ""))
+    if results.get("recommendations"):
         out.append("")
     meta = results.get("meta", {})
     if meta:

@@ -152,3 +152,15 @@ def test_merge_recomputes(tmp_path: Path) -> None:
     merged = report.merge(a, b)
     assert set(merged["configs"]) == {"nospec", "spec", "switch-v1"}
     assert merged["recommendation"]["kind"] == "never" and "switch-v1" in merged["ratios"]
+
+
+def test_per_baseline_recommendations() -> None:
+    res = user_results()
+    res["configs"]["spec-v2"] = {"flags": ["--speculative-algorithm", "EAGLE3"], "env": {}, "compare_to": [],
+                                 "levels": _levels({c: USER_NOSPEC[c] * (1.3 if c <= 5 else 0.5) for c in LEVELS})}
+    report.analyse(res)
+    assert set(res["recommendations"]) == {"spec", "spec-v2"}  # the switch config is not a baseline
+    v2 = res["recommendations"]["spec-v2"]
+    assert v2["kind"] == "crossover" and 5 < v2["crossover"] < 10
+    assert res["recommendation"]["kind"] == "never"
+    assert "`spec-v2` vs nospec (crossover)" in report.markdown(res)

@@ -49,7 +49,7 @@ def test_switch_thresholds_from_this_run(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "bench", "--tree", str(FAKE_TREE), "--model", "/fake/t", "--draft-model", "/fake/d",
            "--configs", "switch-v1", "--concurrency", "1", "--num-requests", "1", "--max-new-tokens", "2", "--out", str(out)]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 1 and "need thresholds" in p.stderr
+    assert p.returncode == 1 and "needs thresholds" in p.stderr
     assert "failed" in json.loads((out / "results.json").read_text())["configs"]["switch-v1"]
 
 

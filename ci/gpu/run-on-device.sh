@@ -1,0 +1,58 @@
+#!/bin/bash
+# The command for a device `run` (lent H200), with `carry: [".gpu"]`:
+#   bash ci/gpu/run-on-device.sh test  [pytest args]   # GPU tests: pytest tests/gpu -m gpu
+#   bash ci/gpu/run-on-device.sh bench [bench args]    # python -m bench (default: --quick)
+#   bash ci/gpu/run-on-device.sh env                   # only set up and report the environment
+# Needs the offline bundle built here first:
+#   bash ../shared/gpu/build-bundle.sh .gpu build/sglang-v0.5.9     (+ optional ci/gpu/build-extra.sh)
+# Everything it writes goes under $OUT (device tool) or ./build/device-out.
+# DEVICE_TIMEOUT (default 560 s): the run is interrupted (SIGINT: servers stopped, results kept) before
+# the device's 10-minute limit.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+mode="${1:-test}"; shift || true
+OUT="${OUT:-$PWD/build/device-out}"
+mkdir -p "$OUT"
+log() { echo "[run-on-device] $*" | tee -a "$OUT/run-on-device.log" >&2; }
+
+[ -f .gpu/setup.sh ] || { log "no .gpu/ bundle: build it here with ../shared/gpu/build-bundle.sh .gpu <patched tree> and carry .gpu"; exit 2; }
+[ -f .gpu/tree.tar.xz ] || { log ".gpu/tree.tar.xz missing: pass the patched tree to build-bundle.sh"; exit 2; }
+t0=$(date +%s)
+bash .gpu/setup.sh || { log "setup.sh failed"; exit 2; }
+extra=""
+if ls .gpu/extra/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-extra .gpu/extra/*.whl \
+    || { log "installing .gpu/extra wheels failed"; exit 2; }
+  extra=":/tmp/site-extra"
+fi
+export PYTHONPATH="/tmp/sgltree/python:/tmp/site${extra}:$PWD"
+export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 PYTHONUNBUFFERED=1 SGLANG_TREE=/tmp/sgltree
+export SGL_FIXTURE_DIR="${SGL_FIXTURE_DIR:-/tmp/sgl-fixtures}" SGL_TEST_LOG_DIR="$OUT/server-logs"
+log "setup done in $(( $(date +%s) - t0 ))s; python $(python3 -c 'import sys; print(sys.version.split()[0])')"
+nvidia-smi -L 2>&1 | tee "$OUT/gpus.txt" >&2
+imported=$(python3 -c "import sglang; print(sglang.__file__)") || { log "import sglang failed"; exit 2; }
+case "$imported" in
+  /tmp/sgltree/*) log "sglang: $imported" ;;
+  *) log "refusing: sglang imported from $imported, not /tmp/sgltree"; exit 3 ;;
+esac
+for m in pytest matplotlib transformers; do
+  python3 -c "import $m; print('$m', $m.__version__)" 2>&1 | tee -a "$OUT/run-on-device.log" >&2
+done
+t1=$(date +%s)
+python3 -m bench.fixtures || { log "fixture generation failed"; exit 2; }
+log "fixtures ready in $(( $(date +%s) - t1 ))s"
+budget=$(( ${DEVICE_TIMEOUT:-560} - ($(date +%s) - t0) ))
+case "$mode" in
+  env) exit 0 ;;
+  test)
+    timeout --signal=INT --kill-after=30 "$budget" python3 -m pytest tests/gpu -m gpu -rs -v -p no:cacheprovider \
+      --junitxml="$OUT/junit.xml" "$@" 2>&1 | tee "$OUT/pytest.log"
+    rc=${PIPESTATUS[0]} ;;
+  bench)
+    [ $# -gt 0 ] || set -- --quick
+    timeout --signal=INT --kill-after=30 "$budget" python3 -m bench --out "$OUT/bench" "$@" 2>&1 | tee "$OUT/bench.log"
+    rc=${PIPESTATUS[0]} ;;
+  *) log "unknown mode $mode (test | bench | env)"; exit 2 ;;
+esac
+log "exit $rc after $(( $(date +%s) - t0 ))s (124: interrupted at DEVICE_TIMEOUT)"
+exit "$rc"
