@@ -1,0 +1,104 @@
+"""Tests for patches/0002-kimi-k25-eagle3-hooks.patch.
+
+The wrapper under test is the real `KimiK25ForConditionalGeneration`; its language model
+is a tiny real `DeepseekV3ForCausalLM` (the class the wrapper builds in `__init__`), made
+without its heavy `__init__` and given just the submodules its EAGLE-3 hooks touch. Building
+the whole wrapper would need the vision tower and the full model config, which the hooks
+do not use.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+HOOKS = ("set_eagle3_layers_to_capture", "get_embed_and_head", "set_embed_and_head")
+VOCAB, HIDDEN, NUM_LAYERS = 32, 8, 61
+
+
+def _tiny_deepseek_v3():
+    from sglang.srt.models.deepseek_v2 import DeepseekV3ForCausalLM
+
+    lm = DeepseekV3ForCausalLM.__new__(DeepseekV3ForCausalLM)
+    nn.Module.__init__(lm)
+    lm.config = SimpleNamespace(num_hidden_layers=NUM_LAYERS)
+    lm.pp_group = SimpleNamespace(is_last_rank=True)
+    lm.model = nn.Module()
+    lm.model.embed_tokens = nn.Embedding(VOCAB, HIDDEN)
+    lm.model.layers_to_capture = []
+    lm.lm_head = nn.Linear(HIDDEN, VOCAB, bias=False)
+    lm.capture_aux_hidden_states = False
+    return lm
+
+
+def _kimi(language_model):
+    from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration
+
+    model = KimiK25ForConditionalGeneration.__new__(KimiK25ForConditionalGeneration)
+    nn.Module.__init__(model)
+    model.language_model = language_model
+    return model
+
+
+@pytest.mark.parametrize("name", HOOKS)
+def test_hooks_defined_on_wrapper(name):
+    from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration
+
+    assert callable(vars(KimiK25ForConditionalGeneration).get(name))
+
+
+def test_set_eagle3_layers_to_capture_delegates():
+    lm = _tiny_deepseek_v3()
+    model = _kimi(lm)
+
+    model.set_eagle3_layers_to_capture([2, 30, 57])
+    assert lm.capture_aux_hidden_states is True
+    # DeepseekV2ForCausalLM shifts by one: layer i captures the output of layer i-1.
+    assert lm.model.layers_to_capture == [3, 31, 58]
+
+    model.set_eagle3_layers_to_capture()  # None -> the language model's default layers
+    assert lm.model.layers_to_capture == [2, NUM_LAYERS // 2, NUM_LAYERS - 3]
+
+
+def test_get_and_set_embed_and_head_delegate(monkeypatch):
+    lm = _tiny_deepseek_v3()
+    model = _kimi(lm)
+
+    embed, head = model.get_embed_and_head()
+    assert embed is lm.model.embed_tokens.weight
+    assert head is lm.lm_head.weight
+
+    # DeepseekV2ForCausalLM.set_embed_and_head synchronises CUDA; nothing to sync on CPU.
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: None)
+    new_embed = nn.Parameter(torch.randn(VOCAB, HIDDEN))
+    new_head = nn.Parameter(torch.randn(VOCAB, HIDDEN))
+    assert model.set_embed_and_head(new_embed, new_head) is None
+    assert lm.model.embed_tokens.weight is new_embed
+    assert lm.lm_head.weight is new_head
+    assert model.get_embed_and_head() == (new_embed, new_head)
+
+
+class _TextModelWithoutHooks(nn.Module):
+    pass
+
+
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        ("set_eagle3_layers_to_capture", ([1, 2, 3],)),
+        ("get_embed_and_head", ()),
+        ("set_embed_and_head", (torch.zeros(1), torch.zeros(1))),
+    ],
+)
+def test_clear_error_when_language_model_lacks_hook(name, args):
+    model = _kimi(_TextModelWithoutHooks())
+    with pytest.raises(AttributeError) as excinfo:
+        getattr(model, name)(*args)
+    message = str(excinfo.value)
+    assert "_TextModelWithoutHooks" in message
+    assert "language model" in message
+    assert "EAGLE-3" in message
