@@ -138,6 +138,7 @@ class Comparison:
     total: int
     equal: int
     divergences: list[dict[str, Any]]  # first divergence of each differing request
+    skipped: int = 0  # requests that failed on either server
 
     @property
     def rate(self) -> float:
@@ -150,6 +151,8 @@ class Comparison:
     def line(self) -> str:
         gaps = [d["gap"] for d in self.divergences if d["gap"] is not None]
         s = f"greedy match {self.equal}/{self.total} ({100 * self.rate:.1f}%)"
+        if self.skipped:
+            s += f" ({self.skipped} failed requests left out)"
         if self.divergences:
             s += (f"; {len(self.divergences)} diverge, {len(self.divergences) - len(self.not_near_tie)} at a near-tie"
                   f" (top-2 gap <= {TIE_TOL})" + (f", max gap {max(gaps):.4f}" if gaps else ""))
@@ -158,9 +161,12 @@ class Comparison:
 
 def compare(spec_run: Run, ref_run: Run) -> Comparison:
     by_prompt = {r.prompt: r for r in ref_run.results}
-    equal, divs = 0, []
+    equal, divs, skipped = 0, [], 0
     for r in spec_run.results:
         ref = by_prompt[r.prompt]
+        if r.error or ref.error:  # failed requests are the ramp test's business
+            skipped += 1
+            continue
         a, b = _ids(r), _ids(ref)
         if a == b:
             equal += 1
@@ -174,7 +180,7 @@ def compare(spec_run: Run, ref_run: Run) -> Comparison:
         divs.append({"prompt": r.prompt[:60], "pos": i, "spec": a[i] if i < len(a) else None,
                      "ref": b[i] if i < len(b) else None, "gap": gap,
                      "near_tie": gap is not None and gap <= TIE_TOL and in_top})
-    return Comparison(len(spec_run.results), equal, divs)
+    return Comparison(len(spec_run.results) - skipped, equal, divs, skipped)
 
 
 def fallback_decode_lines(run: Run, disable: int, rank: int = 0) -> list[Any]:

@@ -65,4 +65,5 @@ class H(BaseHTTPRequestHandler):
 
 
 print(f"[fake TP0] fake server on {args.port}, argv {sys.argv[1:]}", flush=True)
+ThreadingHTTPServer.request_queue_size = 1024
 ThreadingHTTPServer((args.host, args.port), H).serve_forever()
