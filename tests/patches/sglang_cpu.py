@@ -149,7 +149,14 @@ def make_req(
     )
 
 
-def prefilled_decode_batch(pools: Pools, reqs: Sequence, first_tokens: Sequence[int]):
+def prefilled_decode_batch(
+    pools: Pools,
+    reqs: Sequence,
+    first_tokens: Sequence[int],
+    *,
+    overlap: bool = False,
+    topk: int = 4,
+):
     """A speculative decode batch as the scheduler holds it after prefill + draft extend.
 
     The prefill is SGLang's own `prepare_for_extend` (KV slots, lengths); its sampled token is
@@ -166,19 +173,20 @@ def prefilled_decode_batch(pools: Pools, reqs: Sequence, first_tokens: Sequence[
         pools.allocator,
         pools.tree_cache,
         pools.model_config,
-        enable_overlap=False,
+        enable_overlap=overlap,
         spec_algorithm=SpeculativeAlgorithm.EAGLE3,
     )
     batch.prepare_for_extend()
     for req, token in zip(reqs, first_tokens):
         req.output_ids.append(token)
     batch.sampling_info = SamplingBatchInfo.from_schedule_batch(batch, VOCAB)
-    topk = 4
     batch.spec_info = EagleDraftInput(
         hidden_states=torch.randn(len(reqs), HIDDEN),
         verified_id=torch.tensor(first_tokens, dtype=torch.int32),
-        topk_p=torch.full((len(reqs), topk), 0.25),
+        topk_p=torch.full((len(reqs), topk), 1.0 / topk),
         topk_index=torch.arange(topk).repeat(len(reqs), 1) + 10,
+        # Spec v2 carries the lengths through the FutureMap.
+        new_seq_lens=batch.seq_lens.clone() if overlap else None,
     )
     batch.prepare_for_decode()
     return batch
@@ -238,9 +246,45 @@ def _assign_draft_cache_locs(
         req_to_token[req_pool_indices[i], s : s + per_req] = locs.to(req_to_token.dtype)
 
 
+def _assign_req_to_token_pool(
+    req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, *_constexprs
+):
+    # Request i's slots [start_i, end_i) of req_to_token take the next end_i - start_i
+    # entries of out_cache_loc.
+    pt = 0
+    for i in range(req_pool_indices.numel()):
+        start, end = int(start_offset[i]), int(end_offset[i])
+        req_to_token[req_pool_indices[i], start:end] = out_cache_loc[pt : pt + end - start].to(
+            req_to_token.dtype
+        )
+        pt += end - start
+
+
+def _assign_extend_cache_locs(
+    req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, *_constexprs
+):
+    # The reverse gather: out_cache_loc takes request i's slots [start_i, end_i), concatenated.
+    pt = 0
+    for i in range(req_pool_indices.numel()):
+        start, end = int(start_offset[i]), int(end_offset[i])
+        out_cache_loc[pt : pt + end - start] = req_to_token[req_pool_indices[i], start:end]
+        pt += end - start
+
+
 def use_torch_kernels(monkeypatch) -> None:
     import sglang.srt.speculative.eagle_info as eagle_info
+    import sglang.srt.speculative.eagle_info_v2 as eagle_info_v2
     import sglang.srt.speculative.eagle_worker as eagle_worker
+    import sglang.srt.speculative.spec_utils as spec_utils
+
+    monkeypatch.setattr(
+        spec_utils, "assign_req_to_token_pool", _Launcher(_assign_req_to_token_pool)
+    )
+    monkeypatch.setattr(
+        eagle_info_v2, "assign_extend_cache_locs", _Launcher(_assign_extend_cache_locs)
+    )
+    # Take SGLang's CUDA branch of assign_extend_cache_locs_func, whose kernel is replaced above.
+    monkeypatch.setattr(eagle_info_v2, "_is_cuda", True)
 
     monkeypatch.setattr(
         eagle_info,

@@ -1,0 +1,237 @@
+"""The v2 (overlap) EAGLE worker's fallback step: batch, FutureMap and one-step-late processing.
+
+Real SGLang objects on CPU; the target's sampled tokens are inputs the test chooses.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from sglang_cpu import (
+    HIDDEN,
+    make_pools,
+    make_req,
+    make_server_args,
+    prefilled_decode_batch,
+    use_torch_kernels,
+    write_tiny_llama_config,
+)
+
+STEPS = 3
+NUM_DRAFT_TOKENS = STEPS + 1  # topk 1: a chain of steps + 1 tokens
+NUM_REQS = 6
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    model_path = write_tiny_llama_config(tmp_path / "model")
+    make_server_args(
+        model_path,
+        speculative_eagle_topk=1,
+        speculative_num_steps=STEPS,
+        speculative_num_draft_tokens=NUM_DRAFT_TOKENS,
+        disable_overlap_schedule=False,
+    )
+    use_torch_kernels(monkeypatch)
+    return make_pools(model_path)
+
+
+def _v2_decode_batch(env, n=NUM_REQS):
+    reqs = [make_req(f"r{i}", prompt_len=4 + i) for i in range(n)]
+    batch = prefilled_decode_batch(
+        env, reqs, [100 + i for i in range(n)], overlap=True, topk=1
+    )
+    return batch, reqs
+
+
+def _scheduler_for_output_processing():
+    from sglang.srt.managers.scheduler import Scheduler
+
+    scheduler = object.__new__(Scheduler)
+    # The processor reads the stride from the draft worker's configuration.
+    scheduler.draft_worker = types.SimpleNamespace(
+        speculative_num_draft_tokens=NUM_DRAFT_TOKENS
+    )
+    return scheduler
+
+
+def _fallback(batch, sampled):
+    from sglang.srt.managers.utils import GenerationBatchResult
+    from sglang.srt.speculative.spec_switch import (
+        finish_plain_decode_v2,
+        prepare_plain_decode_v2,
+    )
+
+    mwb = batch.get_model_worker_batch()
+    req_to_token = batch.req_to_token_pool.req_to_token
+    entry = prepare_plain_decode_v2(mwb, req_to_token)
+    result = GenerationBatchResult(next_token_ids=torch.tensor(sampled, dtype=torch.int64))
+    returned = finish_plain_decode_v2(result, entry[0], NUM_DRAFT_TOKENS)
+    return mwb, entry, result, returned
+
+
+def test_fallback_is_a_plain_decode_on_the_reserved_slots(env):
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+
+    batch, reqs = _v2_decode_batch(env)
+    s = batch.seq_lens.clone()
+    allocated = [r.kv_allocated_len for r in reqs]
+    free = batch.token_to_kv_pool_allocator.available_size()
+    pending = batch.spec_info.verified_id.tolist()
+
+    mwb, entry, _, _ = _fallback(batch, [200 + i for i in range(NUM_REQS)])
+
+    assert mwb.forward_mode == ForwardMode.DECODE and mwb.spec_info is None
+    assert mwb.capture_hidden_mode == CaptureHiddenMode.FULL
+    assert mwb.input_ids.tolist() == pending and mwb.input_ids.dtype == torch.int64
+    assert mwb.out_cache_loc.shape == (NUM_REQS,)
+    rows = batch.req_to_token_pool.req_to_token[batch.req_pool_indices, s.long()]
+    assert mwb.out_cache_loc.tolist() == rows.tolist()
+    assert torch.equal(mwb.seq_lens, s + 1)
+    assert torch.equal(mwb.seq_lens_cpu, s + 1)
+    assert mwb.seq_lens_sum == int(s.sum()) + NUM_REQS
+    # prepare_for_decode reserved the slots; the worker takes one and allocates nothing.
+    assert [r.kv_allocated_len for r in reqs] == allocated
+    assert batch.token_to_kv_pool_allocator.available_size() == free
+    # The scheduler's own tensors are untouched (overlap: it still holds them).
+    assert torch.equal(batch.seq_lens, s) and torch.equal(entry[0], s)
+
+
+def test_fallback_result_has_the_verify_layout(env):
+    batch, _ = _v2_decode_batch(env)
+    s = batch.seq_lens.clone()
+    sampled = [200 + i for i in range(NUM_REQS)]
+    _, _, result, returned = _fallback(batch, sampled)
+
+    assert returned.tolist() == sampled
+    assert result.spec_skipped
+    assert result.next_token_ids.shape == (NUM_REQS * NUM_DRAFT_TOKENS,)
+    assert result.next_token_ids[::NUM_DRAFT_TOKENS].tolist() == sampled
+    assert result.accept_lens.tolist() == [1] * NUM_REQS
+    assert result.accept_lens.dtype == torch.int32
+    draft_input = result.next_draft_input
+    assert draft_input.verified_id.tolist() == sampled
+    assert draft_input.verified_id.dtype == torch.int32
+    assert torch.equal(draft_input.new_seq_lens, s + 1)
+    assert draft_input.new_seq_lens.dtype == s.dtype
+    assert draft_input.verify_done is not None
+
+
+def test_draft_sync_covers_the_verify_window_from_position_s(env):
+    from sglang.srt.speculative.spec_switch import prepare_draft_sync_v2
+
+    batch, _ = _v2_decode_batch(env)
+    s = batch.seq_lens.clone()
+    mwb, entry, _, _ = _fallback(batch, [200 + i for i in range(NUM_REQS)])
+    prepare_draft_sync_v2(mwb, entry, batch.req_to_token_pool.req_to_token, NUM_DRAFT_TOKENS)
+
+    assert torch.equal(mwb.seq_lens, s)
+    assert mwb.seq_lens_sum == int(s.sum())
+    assert mwb.out_cache_loc.shape == (NUM_REQS * NUM_DRAFT_TOKENS,)
+    req_to_token = batch.req_to_token_pool.req_to_token
+    for i in range(NUM_REQS):
+        start = int(s[i])
+        window = req_to_token[batch.req_pool_indices[i], start : start + NUM_DRAFT_TOKENS]
+        got = mwb.out_cache_loc[i * NUM_DRAFT_TOKENS : (i + 1) * NUM_DRAFT_TOKENS]
+        assert got.tolist() == window.tolist()
+        assert (window > 0).all(), "the window must lie in slots prepare_for_decode reserved"
+
+
+def _draft_input_like_draft_extend(result, n):
+    # The draft extend fills the proposals for the next step (topk 1).
+    result.next_draft_input.topk_p = torch.rand(n, 1)
+    result.next_draft_input.topk_index = torch.randint(0, 500, (n, 1))
+    result.next_draft_input.hidden_states = torch.randn(n, HIDDEN)
+
+
+def test_future_map_keeps_shapes_and_dtypes_across_a_switch(env):
+    from sglang.srt.managers.overlap_utils import FutureMap
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    batch, _ = _v2_decode_batch(env)
+    future_map = FutureMap(16, 256, 1024, torch.device("cpu"), SpeculativeAlgorithm.EAGLE3)
+    # A speculative step's draft input initialises the buffers, as it does in the server.
+    spec_indices = future_map.alloc_future_indices(NUM_REQS)
+    future_map.store_to_map_for_new_batch(spec_indices, batch.spec_info)
+
+    _, _, result, _ = _fallback(batch, [200 + i for i in range(NUM_REQS)])
+    _draft_input_like_draft_extend(result, NUM_REQS)
+    fallback_indices = future_map.alloc_future_indices(NUM_REQS)
+    future_map.store_to_map(fallback_indices, result)
+
+    def resolved(indices):
+        mwb = types.SimpleNamespace(
+            spec_info=EagleDraftInput(future_indices=indices)
+        )
+        indices.indices.record_stream = lambda stream: None  # CPU tensors have no streams
+        future_map.resolve_future(mwb)
+        return mwb.spec_info
+
+    before, after = resolved(spec_indices), resolved(fallback_indices)
+    for name in ("topk_p", "topk_index", "verified_id", "new_seq_lens", "hidden_states"):
+        a, b = getattr(before, name), getattr(after, name)
+        assert (a.shape, a.dtype) == (b.shape, b.dtype), name
+    assert after.verified_id.tolist() == [200 + i for i in range(NUM_REQS)]
+
+
+def test_one_step_late_processing_across_switches(env):
+    """spec -> fallback -> spec: tokens, kv_committed_len and acceptance counters stay right."""
+    from sglang.srt.managers.utils import GenerationBatchResult
+
+    batch, reqs = _v2_decode_batch(env, n=3)
+    scheduler = _scheduler_for_output_processing()
+    committed = [r.kv_committed_len for r in reqs]
+
+    n = NUM_DRAFT_TOKENS
+    spec_tokens = torch.arange(3 * n, dtype=torch.int64) + 300
+    spec = GenerationBatchResult(
+        next_token_ids=spec_tokens, accept_lens=torch.tensor([3, 1, 2], dtype=torch.int32)
+    )
+    got = scheduler._resolve_spec_overlap_token_ids(spec, batch)
+    assert got == [[300, 301, 302], [304], [308, 309]]
+    assert [r.spec_verify_ct for r in reqs] == [1, 1, 1]
+    assert [r.spec_accepted_tokens for r in reqs] == [2, 0, 1]
+
+    _, _, fallback, _ = _fallback(batch, [400, 401, 402])
+    got = scheduler._resolve_spec_overlap_token_ids(fallback, batch)
+    assert got == [[400], [401], [402]]
+    assert fallback.num_accepted_tokens == 0
+    # A fallback step verified nothing: the per-request acceptance stats do not move.
+    assert [r.spec_verify_ct for r in reqs] == [1, 1, 1]
+    assert [r.spec_accepted_tokens for r in reqs] == [2, 0, 1]
+
+    again = GenerationBatchResult(
+        next_token_ids=spec_tokens, accept_lens=torch.tensor([1, 4, 1], dtype=torch.int32)
+    )
+    scheduler._resolve_spec_overlap_token_ids(again, batch)
+    assert [r.spec_verify_ct for r in reqs] == [2, 2, 2]
+    assert [r.kv_committed_len - c for r, c in zip(reqs, committed)] == [
+        3 + 1 + 1,
+        1 + 1 + 4,
+        2 + 1 + 1,
+    ]
+
+
+def test_next_decode_after_fallback_reserves_from_the_new_length(env):
+    """The scheduler's next prepare_for_decode over-allocates from kv_committed_len + 1."""
+    from sglang.srt.managers.utils import get_alloc_len_per_decode
+
+    batch, reqs = _v2_decode_batch(env, n=3)
+    scheduler = _scheduler_for_output_processing()
+    _, _, fallback, _ = _fallback(batch, [400, 401, 402])
+    scheduler._resolve_spec_overlap_token_ids(fallback, batch)
+    # resolve_future hands the next batch the fallback's new lengths.
+    batch.seq_lens = fallback.next_draft_input.new_seq_lens
+    batch.spec_info = fallback.next_draft_input
+    batch.prepare_for_decode()
+
+    reserve = 2 * get_alloc_len_per_decode()
+    for req, seq_len in zip(reqs, batch.seq_lens.tolist()):
+        assert req.kv_committed_len == seq_len
+        assert req.kv_allocated_len == req.kv_committed_len + reserve
+        row = batch.req_to_token_pool.req_to_token[req.req_pool_idx]
+        assert (row[seq_len : req.kv_allocated_len] > 0).all()
