@@ -24,7 +24,9 @@ DEFAULT_TREE = PROJECT_ROOT / "build" / "sglang-v0.5.9"
 PATCH_MARKER = "speculative_disable_batch_size"
 # Flags that avoid pieces missing from the offline H200 bundle (see shared/gpu/README.md);
 # override with $SGL_BASE_FLAGS (may be empty) on a fully installed box.
-DEFAULT_BASE_FLAGS = "--attention-backend triton --sampling-backend pytorch --grammar-backend none"
+# --max-total-tokens: the tiny fixture models would otherwise give the target a KV pool of most of
+# the GPU (mem-fraction-static 0.895) and leave too little for the draft's pool.
+DEFAULT_BASE_FLAGS = "--attention-backend triton --sampling-backend pytorch --grammar-backend none --max-total-tokens 400000"
 
 
 class ServerError(RuntimeError):
