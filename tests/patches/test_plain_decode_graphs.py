@@ -1,0 +1,72 @@
+"""Graph selection for speculation-off steps: DECODE batches replay DECODE graphs only.
+
+The runner objects are SGLang's own; only `replay`, which launches a captured CUDA graph, is
+recorded instead of run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_cpu import make_server_args, write_tiny_llama_config
+from test_spec_switch_control import _forward_batch, _verify_graph_runner
+
+
+def _plain_decode_graph_runner(max_bs):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    runner = _verify_graph_runner(max_bs)
+    runner.capture_forward_mode = ForwardMode.DECODE
+    runner.num_tokens_per_bs = 1
+    runner.plain_decode = True
+    return runner
+
+
+def _model_runner(verify, decode):
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    model_runner = object.__new__(ModelRunner)
+    model_runner.device = "cuda"
+    model_runner.graph_runner = verify
+    model_runner.decode_graph_runner = decode
+    return model_runner
+
+
+def _recording(runner, name, calls):
+    def replay(forward_batch, **kwargs):
+        calls.append((name, forward_batch.forward_mode.name, forward_batch.batch_size))
+        return "logits"
+
+    runner.replay = replay
+    return runner
+
+
+def test_each_mode_replays_its_own_graph_set(tmp_path):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    make_server_args(write_tiny_llama_config(tmp_path / "m"))
+    calls = []
+    verify = _recording(_verify_graph_runner(max_bs=8), "verify", calls)
+    decode = _recording(_plain_decode_graph_runner(max_bs=64), "decode", calls)
+    model_runner = _model_runner(verify, decode)
+
+    out = model_runner._forward_raw(_forward_batch(ForwardMode.DECODE, 40, 1), False, None)
+    assert out.can_run_graph and out.logits_output == "logits"
+    model_runner._forward_raw(_forward_batch(ForwardMode.TARGET_VERIFY, 4, 16), False, None)
+
+    assert calls == [("decode", "DECODE", 40), ("verify", "TARGET_VERIFY", 4)]
+
+
+def test_without_plain_decode_graphs_a_decode_batch_does_not_replay_verify(tmp_path):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    make_server_args(write_tiny_llama_config(tmp_path / "m"))
+    calls = []
+    verify = _recording(_verify_graph_runner(max_bs=64), "verify", calls)
+    model_runner = _model_runner(verify, None)
+
+    with pytest.raises(Exception):
+        # Eager path: needs the model (GPU); reaching it is the point.
+        model_runner._forward_raw(_forward_batch(ForwardMode.DECODE, 10, 1), False, None)
+    assert calls == []
