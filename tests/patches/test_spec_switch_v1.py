@@ -284,3 +284,23 @@ def test_naive_fallback_fails_these_checks_with_the_seed_shape_mismatch(env):
     with pytest.raises(AssertionError, match=r"input_ids has 160 rows for 10 requests"):
         assert_plain_decode_step(batch, naive, before)
     assert naive.seq_lens.shape == (NUM_REQS,)
+
+
+def test_batch_whose_requests_all_finish_still_merges_with_new_requests(env):
+    """Found on the H200: when every request finished in a fallback step, the leftover draft
+    input kept the target's 3H-wide hidden states, and merging the next prefill's draft input
+    (H wide) into the running batch raised "Sizes of tensors must match"."""
+    reqs = [make_req("a", 5, max_new_tokens=2), make_req("b", 6, max_new_tokens=2)]
+    batch = prefilled_decode_batch(env, reqs, first_tokens=[100, 101])
+    _, unfinished, _ = _fallback_step(batch, [200, 201])
+    assert unfinished == [] and all(r.finished() for r in reqs)
+    batch.filter_batch(v1_spec_info_filtered=True)
+
+    new_reqs = [make_req("c", 7), make_req("d", 8)]
+    new_batch = prefilled_decode_batch(env, new_reqs, first_tokens=[102, 103])
+    new_batch.spec_info.hidden_states = torch.randn(2, HIDDEN)
+    batch.merge_batch(new_batch)
+
+    assert [r.rid for r in batch.reqs] == ["c", "d"]
+    assert batch.spec_info.hidden_states.shape == (2, HIDDEN)
+    assert batch.spec_info.verified_id.tolist() == [102, 103]
