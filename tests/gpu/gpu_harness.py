@@ -24,7 +24,7 @@ NEW_TOKENS = int(os.environ.get("SGL_TEST_NEW_TOKENS", "32"))
 _sw = os.environ.get("SGL_TEST_SWITCH", "8,4").split(",")
 DISABLE, ENABLE = int(_sw[0]), int(_sw[1])
 CUDA_GRAPH_MAX_BS = int(os.environ.get("SGL_TEST_CUDA_GRAPH_MAX_BS", "64"))
-TIE_TOL = float(os.environ.get("SGL_TEST_TIE_TOL", "0.1"))  # nats between the target's top-2 logprobs
+TIE_TOL = float(os.environ.get("SGL_TEST_TIE_TOL", "0.1"))  # nats below the target's best token
 STARTUP_TIMEOUT = float(os.environ.get("SGL_TEST_STARTUP_TIMEOUT", "900"))
 WORKERS: dict[str, tuple[list[str], dict[str, str]]] = {"v1": (EAGLE_V1, {}), "v2": (EAGLE_V2, dict(V2_ENV))}
 GREEDY = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
@@ -124,8 +124,8 @@ def run_server(name: str, spec: ServerSpec, tree: Path, log_dir: Path, groups: l
 
 
 def reference(name: str, models: Models, tree: Path, log_dir: Path, prompts: list[str], tp: int = 1) -> Run:
-    """No-speculation greedy outputs with the top-2 logprobs at every output position."""
-    extra = {"return_logprob": True, "top_logprobs_num": 2}
+    """No-speculation greedy outputs with the top-5 logprobs at every output position."""
+    extra = {"return_logprob": True, "top_logprobs_num": 5}
     return run_server(name, nospec_spec(models, tp), tree, log_dir, [prompts], GREEDY, extra, fixed_concurrency=64)
 
 
@@ -155,7 +155,7 @@ class Comparison:
             s += f" ({self.skipped} failed requests left out)"
         if self.divergences:
             s += (f"; {len(self.divergences)} diverge, {len(self.divergences) - len(self.not_near_tie)} at a near-tie"
-                  f" (top-2 gap <= {TIE_TOL})" + (f", max gap {max(gaps):.4f}" if gaps else ""))
+                  f" (logprob within {TIE_TOL} of the target's best)" + (f", max gap {max(gaps):.4f}" if gaps else ""))
         return s
 
 
@@ -174,9 +174,13 @@ def compare(spec_run: Run, ref_run: Run) -> Comparison:
         i = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
         tops = (ref.meta.get("output_top_logprobs") or [])
         gap, in_top = None, False
-        if i < len(tops) and tops[i] and len(tops[i]) >= 2:
-            gap = float(tops[i][0][0]) - float(tops[i][1][0])
-            in_top = i < len(a) and any(t[1] == a[i] for t in tops[i])
+        if i < len(tops) and tops[i] and i < len(a):
+            # How far below the target's own best token the token the switching server chose
+            # lies (bf16 random weights tie often, sometimes among more than two tokens).
+            chosen = [float(t[0]) for t in tops[i] if t[1] == a[i]]
+            in_top = bool(chosen)
+            if in_top:
+                gap = float(tops[i][0][0]) - chosen[0]
         divs.append({"prompt": r.prompt[:60], "pos": i, "spec": a[i] if i < len(a) else None,
                      "ref": b[i] if i < len(b) else None, "gap": gap,
                      "near_tie": gap is not None and gap <= TIE_TOL and in_top})
