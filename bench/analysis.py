@@ -20,7 +20,7 @@ class Recommendation:
     crossover: float | None  # interpolated concurrency where spec/no-spec = 1
     disable_batch_size: int | None
     enable_batch_size: int | None
-    flags: str  # exact server flags to add ("" when none)
+    flags: str  # exact server flags to add ("" when none; for "never" the fallback if speculation must stay)
     message: str
     ratios: dict[int, float] = field(default_factory=dict)  # spec / no-spec per level
     notes: list[str] = field(default_factory=list)
@@ -66,11 +66,15 @@ def recommend(nospec: Mapping[int, float], spec: Mapping[int, float]) -> Recomme
             notes.append("speculation wins at " + ", ".join(f"C={c} ({ratios[c]:.2f}x)" for c, w in zip(levels, wins) if w)
                          + " but not at the lowest level; not a usable low-load window")
         msg = (f"speculation never pays: at C={lo} it gives {ratios[lo]:.2f}x of plain decoding "
-               f"(worst {min(ratios.values()):.2f}x). Best: serve without --speculative-algorithm. "
-               "If speculation must stay configured, the switch can hold it off for every decode batch "
-               "(disable above 0, never back on; skip the draft sync, it would only cost time).")
-        flags = switch_flags(0, 0) + " --speculative-fallback-skip-draft-sync"
-        return Recommendation("never", None, 0, 0, flags, msg, ratios, notes)
+               f"(worst {min(ratios.values()):.2f}x). Recommended: serve without speculation (drop "
+               "--speculative-algorithm and its draft model). If speculation must stay configured, the "
+               "closest switch setting (the flags below) speculates only for single-request decode batches "
+               f"(disable above 1, back on at 1): the switch refuses thresholds below 1, so it cannot turn "
+               f"speculation off for every batch, and a single request still runs at about {ratios[lo]:.2f}x "
+               "of plain decoding" + (f" (measured at C={lo})" if lo == 1 else f" (C=1 not measured; C={lo} shown)")
+               + ".")
+        flags = switch_flags(1, 1)
+        return Recommendation("never", None, 1, 1, flags, msg, ratios, notes)
     if all(wins):
         msg = (f"speculation wins at every measured level (C={lo}..{hi}, worst {min(ratios.values()):.2f}x): "
                f"keep it always on; no switch needed up to C={hi}. Measure higher concurrency to find a crossover.")

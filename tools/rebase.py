@@ -3,11 +3,17 @@
 Each patch is classified on the new base, in this order (anchors §2: detect upstreamed patches,
 never fuzz, 3-way on rebase, range-diff of series versions):
 
-* obsolete - every file it changes is gone upstream;
+* obsolete - every file it changes was removed upstream (not moved: git's rename detection);
+* upstream (own version) - every public def/class it adds (removing nothing) upstream now defines
+  itself, so applying or merging it would duplicate them;
 * exact / offset - our hunk check passes (offset patches are refreshed by the export);
-* upstream - it reverse-applies, or ``git am -3`` merges it to nothing;
+* upstream - it reverse-applies, or its header declares ``upstream since vX`` with vX <= the new
+  ref, or ``git am -3`` merges it to nothing;
 * merged - ``git am -3`` ported it (refreshed);
-* conflict - ``git am -3`` stopped: resolve in the rebase tree, or ``--abort``.
+* conflict - ``git am -3`` stopped: resolve in the rebase tree, or ``--abort``. The detail names
+  the conflicted files and, separately, files removed upstream (that part is obsolete), files
+  upstream moved (git's rename detection, or new files with a similar name) and files an earlier
+  patch of the series would have created but did not port.
 
 Nothing is dropped silently: upstream/obsolete patches stay in the series unless ``--drop``.
 ``--check`` writes the report and changes nothing. On success the patches, ``series`` and
@@ -20,7 +26,7 @@ import json
 import re
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
 
@@ -70,13 +76,126 @@ def _worktree_text(repo: Git, path: str) -> str | None:
     return data.decode("utf-8", "surrogateescape") if data is not None else None
 
 
-def port_one(repo: Git, sp: SeriesPatch, *, check: bool) -> PatchOutcome:
+def _version(ref: str) -> tuple[int, ...] | None:
+    m = re.fullmatch(r"v?(\d+(?:\.\d+)*)(?:\.post\d+)?", ref.strip())
+    return tuple(int(x) for x in m.group(1).split(".")) if m else None
+
+
+def declared_upstream(sp: SeriesPatch, new_ref: str) -> str:
+    """The patch's own ``Upstream-Status: upstream since vX`` when vX <= new_ref, else ''."""
+    m = re.match(r"upstream since (\S+)", sp.patch.upstream_status.strip())
+    if not m:
+        return ""
+    since, new = _version(m.group(1)), _version(new_ref)
+    return m.group(1) if since is not None and new is not None and since <= new else ""
+
+
+_DEF_RE = re.compile(r"^\s*(?:async\s+def|def|class)\s+(\w+)")
+
+
+def _defined(text: str | None) -> list[str]:
+    return [m.group(1) for ln in (text or "").splitlines() if (m := _DEF_RE.match(ln))]
+
+
+def upstream_own_version(repo: Git, sp: SeriesPatch, old_base: str | None) -> list[str]:
+    """Names the patch adds (def/class, removing nothing) that upstream has since defined itself.
+
+    Returns ``["path: a, b"]`` per file when *every* public definition the patch adds is now defined in
+    upstream's file more often than in the old base's (so upstream wrote its own version, which
+    a 3-way merge would duplicate or conflict with); [] otherwise.
+    """
+    out = []
+    for f in sp.patch.files:
+        if f.source is None or f.target is None or f.source != f.target:
+            return []
+        if any(ln.kind == "-" for h in f.hunks for ln in h.lines):
+            return []
+        # private helpers (``_name``) are the patch's own plumbing; the public names are what it provides
+        added = [m.group(1) for h in f.hunks for ln in h.lines
+                 if ln.kind == "+" and (m := _DEF_RE.match(ln.text)) and not m.group(1).startswith("_")]
+        if not added:
+            continue
+        new = _defined(_worktree_text(repo, f.source))
+        old_data = repo.show_file(old_base, f.source) if old_base else None
+        old = _defined(old_data.decode("utf-8", "surrogateescape") if old_data is not None else None)
+        if not all(new.count(n) > old.count(n) for n in added):
+            return []
+        out.append(f"{f.source}: {', '.join(dict.fromkeys(added))}")
+    return out
+
+
+@dataclass(frozen=True)
+class SeriesContext:
+    """What port_one needs to know beyond the patch: the old base, upstream's moves, and which
+    earlier patches of the series create files (and whether they ported)."""
+    new_ref: str = ""
+    old_base: str | None = None
+    renames: dict[str, str] = field(default_factory=dict)  # old path -> new path, upstream's own moves
+    created_by: dict[str, str] = field(default_factory=dict)  # path -> earlier patch that creates it
+    added_files: tuple[str, ...] = ()  # files upstream added since the old base (successor hints)
+
+
+def upstream_moves(repo: Git, old_base: str, new_base: str) -> tuple[dict[str, str], tuple[str, ...]]:
+    """Upstream's renames (git's rename detection, >= 50% similar) and the files it added."""
+    res = repo.run("diff", "-M", "-l10000", "--name-status", "--diff-filter=RA", old_base, new_base, check=False)
+    renames, added = {}, []
+    for ln in res.stdout.splitlines():
+        parts = ln.split("\t")
+        if len(parts) == 3 and parts[0].startswith("R"):
+            renames[parts[1]] = parts[2]
+        elif len(parts) == 2 and parts[0] == "A":
+            added.append(parts[1])
+    return renames, tuple(added)
+
+
+def _similar(path: str, added: tuple[str, ...], limit: int = 3) -> list[str]:
+    """New upstream files whose name ends like ``path``'s (cuda_graph_runner.py -> decode_cuda_graph_runner.py)."""
+    base = path.rsplit("/", 1)[-1]
+    hits = [a for a in added if a.rsplit("/", 1)[-1] == base or a.endswith("_" + base)]
+    prefix = path.rsplit("/", 1)[0]
+    near = len(prefix.split("/")) - 1  # same package at least up to the parent's parent
+    hits = [a for a in hits if len([1 for x, y in zip(a.split("/"), prefix.split("/")) if x == y]) >= near]
+
+    def closeness(a: str) -> tuple[int, str]:
+        common = len([1 for x, y in zip(a.split("/"), prefix.split("/")) if x == y])
+        return (-common, a)
+
+    return sorted(hits, key=closeness)[:limit]
+
+
+def _missing_notes(gone: list[str], ctx: SeriesContext) -> tuple[list[str], list[str]]:
+    """(notes for the report, paths truly removed upstream) for files the patch changes that HEAD lacks."""
+    removed = [p for p in gone if p not in ctx.renames and p not in ctx.created_by]
+    notes = []
+    plain = [p for p in removed if not _similar(p, ctx.added_files)]
+    if plain:
+        notes.append("obsolete in part: " + ", ".join(plain) + " removed upstream (no successor found)")
+    for p in removed:
+        if p not in plain:
+            notes.append(f"{p} removed upstream; new files with a similar name: " + ", ".join(_similar(p, ctx.added_files)))
+    moved = [f"{p} -> {ctx.renames[p]}" for p in gone if p in ctx.renames]
+    if moved:
+        notes.append("moved upstream: " + ", ".join(moved))
+    needs = [p for p in gone if p in ctx.created_by and p not in ctx.renames]
+    for dep in dict.fromkeys(ctx.created_by[p] for p in needs):
+        files = ", ".join(p for p in needs if ctx.created_by[p] == dep)
+        notes.append(f"needs {files} from {dep}, which did not port")
+    return notes, removed
+
+
+def port_one(repo: Git, sp: SeriesPatch, *, check: bool, ctx: SeriesContext | None = None) -> PatchOutcome:
     """Try one patch on the rebase tree's HEAD; on success HEAD has moved by one commit."""
+    ctx = ctx or SeriesContext()
     name = sp.path.name
     touched = _touched_existing(sp)
     gone = [p for p in touched if repo.show_file("HEAD", p) is None]
-    if touched and len(gone) == len(touched) and all(f.source for f in sp.patch.files):
-        return PatchOutcome(name, RebaseStatus.OBSOLETE, "files gone upstream: " + ", ".join(gone))
+    notes, removed = _missing_notes(gone, ctx)
+    if touched and len(removed) == len(touched) and all(f.source for f in sp.patch.files):
+        return PatchOutcome(name, RebaseStatus.OBSOLETE, "files removed upstream: " + ", ".join(removed))
+    own = upstream_own_version(repo, sp, ctx.old_base)  # before the hunk check: applying would duplicate
+    if own:
+        since = declared_upstream(sp, ctx.new_ref) if ctx.new_ref else ""
+        return PatchOutcome(name, RebaseStatus.UPSTREAM, _upstream_why(own, since))
     head = repo.head() or ""
     result = classify(repo, head, [sp.patch])[0]
     if result.status in (HunkStatus.EXACT, HunkStatus.OFFSET):
@@ -89,18 +208,30 @@ def port_one(repo: Git, sp: SeriesPatch, *, check: bool) -> PatchOutcome:
         repo.run("am", "--abort", check=False)
     if repo.run("apply", "--check", "-R", str(sp.path), check=False).returncode == 0:
         return PatchOutcome(name, RebaseStatus.UPSTREAM, "the patch reverse-applies: upstream has the change")
+    since = declared_upstream(sp, ctx.new_ref) if ctx.new_ref else ""
+    if since:  # it does not apply as is, and its author says upstream has it: trust, and say why
+        return PatchOutcome(name, RebaseStatus.UPSTREAM, _upstream_why([], since))
     res = repo.am([sp.path], three_way=True)
     if res.returncode == 0:
         if repo.head() == head:
             return PatchOutcome(name, RebaseStatus.UPSTREAM, "empty after the 3-way merge")
-        return PatchOutcome(name, RebaseStatus.MERGED, _hunk_notes(result))
-    conflicted = repo.out("diff", "--name-only", "--diff-filter=U").split()
+        return PatchOutcome(name, RebaseStatus.MERGED, "; ".join([_hunk_notes(result), *notes]))
+    conflicted = [p for p in repo.out("diff", "--name-only", "--diff-filter=U").split() if p not in removed]
     detail = ("conflicts in " + ", ".join(conflicted)) if conflicted else (res.stderr.strip().splitlines() or [""])[-1]
-    if gone:
-        detail += "; files gone upstream: " + ", ".join(gone)
+    detail = "; ".join([detail, *notes])
     if check:
         repo.run("am", "--abort", check=False)
     return PatchOutcome(name, RebaseStatus.CONFLICT, detail)
+
+
+def _upstream_why(own: list[str], since: str) -> str:
+    why = []
+    if own:
+        why.append("upstream defines what the patch adds (its own version; applying would duplicate it): "
+                   + "; ".join(own))
+    if since:
+        why.append(f"the header declares Upstream-Status: upstream since {since}")
+    return "; ".join(why)
 
 
 def _hunk_notes(result: object) -> str:
@@ -119,6 +250,13 @@ class State:
     new_base: str
     names: list[str]
     outcomes: list[dict[str, str]]
+    conflict_head: str = ""  # HEAD when the rebase stopped at a conflict
+
+    @property
+    def complete(self) -> bool:
+        return len(self.outcomes) == len(self.names) and not (
+            self.outcomes and self.outcomes[-1]["status"] == RebaseStatus.CONFLICT.value
+        )
 
     def save(self, repo: Git) -> None:
         (repo.path / ".git" / STATE_FILE).write_text(json.dumps(asdict(self), indent=1))
@@ -176,7 +314,8 @@ def _start(project: Project, new_ref: str, patches: list[SeriesPatch]) -> tuple[
     path = _rebase_dir(project, new_ref)
     if path.exists():
         repo = Git(path)
-        if State.load(repo):
+        st = State.load(repo)
+        if st and not st.complete:
             raise ToolError(
                 f"a rebase to {new_ref} is in progress in {path}: finish it with `make rebase SGLANG_REF={new_ref} "
                 "CONTINUE=1` or give up with `ABORT=1`"
@@ -193,14 +332,28 @@ def _start(project: Project, new_ref: str, patches: list[SeriesPatch]) -> tuple[
     return repo, state
 
 
+def _created_by(state: State, by_name: dict[str, SeriesPatch], outcomes: list[dict[str, str]]) -> dict[str, str]:
+    """Files created by earlier patches of the series that did not port: path -> patch name."""
+    out: dict[str, str] = {}
+    for o in outcomes:
+        if RebaseStatus(o["status"]).ported:
+            continue
+        for f in by_name[o["name"]].patch.files:
+            if f.source is None and f.target is not None:
+                out.setdefault(f.target, o["name"])
+    return out
+
+
 def _run_patches(repo: Git, state: State, patches: list[SeriesPatch], check: bool) -> State:
     by_name = {sp.path.name: sp for sp in patches}
     counter = Counter(len(state.names), "porting")
     counter.n = len(state.outcomes)
     outcomes = list(state.outcomes)
+    renames, added = upstream_moves(repo, state.old_base, state.new_base)
     for name in state.names[len(state.outcomes):]:
         counter.step(name)
-        o = port_one(repo, by_name[name], check=check)
+        ctx = SeriesContext(state.new_ref, state.old_base, renames, _created_by(state, by_name, outcomes), added)
+        o = port_one(repo, by_name[name], check=check, ctx=ctx)
         say(f"    {o.status.value}" + (f": {o.detail}" if o.detail else ""))
         outcomes.append({"name": o.name, "status": o.status.value, "detail": o.detail})
         state = State(**{**asdict(state), "outcomes": outcomes})
@@ -222,10 +375,12 @@ def _update_applies_to(text: str, new_ref: str) -> str:
 def _finish(project: Project, repo: Git, state: State, outcomes: list[PatchOutcome], drop: bool) -> str:
     droppable = [o for o in outcomes if o.status.droppable]
     if droppable and not drop:
+        state.save(repo)  # complete: CONTINUE=1 DROP=1 finishes without redoing resolved conflicts
         raise ToolError(
             "not updating the series: " + ", ".join(f"{o.name} ({o.status.value})" for o in droppable)
             + " would leave it. Read the report; if they really are no longer needed, rerun with DROP=1 "
-            "(--drop) to remove them from series and patches/."
+            "(--drop) to remove them from series and patches/ (after resolving conflicts by hand: "
+            f"`make rebase SGLANG_REF={state.new_ref} CONTINUE=1 DROP=1` keeps your resolutions)."
         )
     commits = repo.commits(state.new_base, repo.head() or state.new_base)
     ported = [o for o in outcomes if o.status.ported]
@@ -272,9 +427,17 @@ def run_rebase(project: Project, args: argparse.Namespace) -> int:
         if (path / ".git" / "rebase-apply").exists():
             res = repo.run("am", "--continue", check=False, fixed_ident=True)
             if res.returncode != 0:
-                raise ToolError(f"git am --continue failed in {path}:\n{(res.stderr or res.stdout).strip()}")
+                raise ToolError(
+                    f"git am --continue failed in {path}:\n{(res.stderr or res.stdout).strip()}\n"
+                    "(if upstream already has the change, `git am --skip` there, then CONTINUE=1 again)"
+                )
         outs = list(state.outcomes)
-        outs[-1] = {**outs[-1], "status": RebaseStatus.RESOLVED.value}
+        if outs and outs[-1]["status"] == RebaseStatus.CONFLICT.value:
+            if state.conflict_head and repo.head() == state.conflict_head:  # `git am --skip`
+                outs[-1] = {**outs[-1], "status": RebaseStatus.UPSTREAM.value,
+                            "detail": "resolved to nothing by hand (git am --skip): " + outs[-1].get("detail", "")}
+            else:
+                outs[-1] = {**outs[-1], "status": RebaseStatus.RESOLVED.value}
         state = State(**{**asdict(state), "outcomes": outs})
     else:
         repo, state = _start(project, new_ref, patches)
@@ -283,6 +446,7 @@ def run_rebase(project: Project, args: argparse.Namespace) -> int:
     stopped = outcomes and outcomes[-1].status is RebaseStatus.CONFLICT and not args.check
     note = "Report only (--check): nothing in the project was changed." if args.check else ""
     if stopped:
+        state = State(**{**asdict(state), "conflict_head": repo.head() or ""})
         state.save(repo)
         note = (
             f"Stopped at {outcomes[-1].name}: resolve the conflicts in {path} (edit, `git add`), then "

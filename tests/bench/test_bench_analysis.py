@@ -27,10 +27,14 @@ def test_user_table_speculation_never_wins() -> None:
     rec = recommend(USER_NOSPEC, USER_SPEC)
     assert rec.kind == "never"
     assert rec.crossover is None
-    assert rec.disable_batch_size == 0 and rec.enable_batch_size == 0
-    assert rec.flags == ("--speculative-disable-batch-size 0 --speculative-enable-batch-size 0 "
-                         "--speculative-fallback-skip-draft-sync")
-    assert "without --speculative-algorithm" in rec.message
+    # the switch refuses thresholds < 1 ("--speculative-disable-batch-size must be at least 1"): the
+    # primary advice is no speculation; the flags are the closest valid switch setting
+    assert rec.disable_batch_size == 1 and rec.enable_batch_size == 1
+    assert rec.flags == "--speculative-disable-batch-size 1 --speculative-enable-batch-size 1"
+    assert "Recommended: serve without speculation" in rec.message
+    assert rec.message.index("without speculation") < rec.message.index("single-request")
+    assert "0.84x" in rec.message  # what a single request still costs with that setting
+    assert "skip-draft-sync" not in rec.flags  # speculation comes back at 1: the draft must stay in sync
     assert rec.ratios[1] == pytest.approx(77.5 / 92.6)
     assert rec.ratios[250] == pytest.approx(340.9 / 772.1)
 
@@ -70,6 +74,17 @@ def test_non_monotonic_uses_first_crossing_and_says_so() -> None:
 def test_loses_low_but_wins_high_is_never_with_a_note() -> None:
     rec = recommend({1: 100, 10: 100}, {1: 90, 10: 120})
     assert rec.kind == "never" and rec.notes
+    assert rec.disable_batch_size >= 1 and rec.enable_batch_size >= 1
+
+
+def test_never_flags_are_valid_switch_values() -> None:
+    """Every threshold the analysis recommends passes the patch's own check (>= 1, enable <= disable)."""
+    for nospec, spec in [({1: 100, 4: 100}, {1: 50, 4: 40}), ({2: 100, 8: 100}, {2: 99, 8: 10})]:
+        rec = recommend(nospec, spec)
+        assert rec.kind == "never"
+        assert 1 <= rec.enable_batch_size <= rec.disable_batch_size
+        assert "batch-size 0" not in rec.flags
+    assert "C=1 not measured; C=2 shown" in recommend({2: 100}, {2: 50}).message
 
 
 def test_insufficient_and_partial_overlap() -> None:
@@ -124,7 +139,8 @@ def test_writers(tmp_path: Path) -> None:
     assert "| nospec | 93 | 160 | 292 | 457 | 711 | 784 | 762 | 772 |" in md
     assert "(1 err)" in md
     assert "| switch-v1 / max(nospec, spec) | 0.97 |" in md and "**0.90**" in md
-    assert "--speculative-disable-batch-size 0 --speculative-enable-batch-size 0" in md
+    assert "--speculative-disable-batch-size 1 --speculative-enable-batch-size 1" in md
+    assert "serve without speculation" in md
     assert "| spec / nospec | 0.84 |" in md
     if paths["png"] is not None:  # only when matplotlib is installed
         assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

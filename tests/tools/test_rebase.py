@@ -68,7 +68,7 @@ def test_check_classifies_every_status_and_changes_nothing(proj: Path, capsys: p
     out = capsys.readouterr().out
     for name, status in EXPECTED.items():
         assert f"| {name} | {status} |" in out, name
-    assert "files gone upstream: python/sglang/srt/old_name.py" in out
+    assert "files removed upstream: python/sglang/srt/old_name.py" in out
     assert "conflicts in python/sglang/srt/delete_me.py" in out or "| f-conflict.patch | conflict |" in out
     assert "## Range-diff" in out and "A exact" in out
     assert snapshot(proj) == before
@@ -122,3 +122,95 @@ def test_abort(proj: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert tool(proj, "rebase", "--to", "v2.0.0", "--abort") == 0
     assert not (proj / "build/rebase-v2.0.0").exists()
     assert snapshot(proj) == before
+
+
+# -- the classifications a reviewer needs beyond the six statuses --------------------------------
+MODEL_V1 = "class M:\n    def forward(self):\n        return 1\n"
+MODEL_V2 = MODEL_V1 + "\n    def hook(self):\n        return 'upstream'\n"
+W1 = {**UPSTREAM_FILES, "python/sglang/srt/model.py": MODEL_V1, "python/sglang/srt/v1_worker.py": "w = 1\n",
+      "python/sglang/srt/kept.py": "k = 1\n"}
+W2 = {**W1, "python/sglang/srt/model.py": MODEL_V2, "python/sglang/srt/kept.py": "k = 3\n",
+      "python/sglang/srt/server_args.py": SA.replace("x5 = 5\n", "x5 = 50\n").replace("x30 = 30\n", "x30 = 300\n")}
+del W2["python/sglang/srt/v1_worker.py"]
+
+
+@pytest.fixture
+def proj2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    up = make_upstream(tmp_path / "up", W1, "v1.0.0")
+    root = tmp_path / "proj"
+    (root / "patches").mkdir(parents=True)
+    (root / "series").write_text("")
+    monkeypatch.setenv("SGLANG_REPO", str(up))
+    assert main(["--root", str(root), "--ref", "v1.0.0", "apply"]) == 0
+    tree = root / "build/sglang-v1.0.0"
+    declared = header("H declared").replace("Upstream-Status: not upstream", "Upstream-Status: upstream since v2.0.0")
+    edits = [
+        (header("G own"), {"python/sglang/srt/model.py": MODEL_V1 + "\n    def _lm(self):\n        return self\n"
+                           "\n    def hook(self):\n        return self._lm().forward()\n"}),
+        (declared, {"python/sglang/srt/kept.py": "k = 2\n"}),
+        (header("I partly"), {"python/sglang/srt/v1_worker.py": "w = 2\n",
+                              "python/sglang/srt/server_args.py": SA.replace("x5 = 5\n", "x5 = 5000\n")}),
+        (header("J creates"), {"python/sglang/srt/new_mod.py": "n = 1\n",
+                               "python/sglang/srt/server_args.py": SA.replace("x5 = 5\n", "x5 = 5000\n")
+                               .replace("x30 = 30\n", "x30 = 3000\n")}),
+        (header("K needs"), {"python/sglang/srt/new_mod.py": "n = 2\n"}),
+    ]
+    for msg, e in edits:
+        commit_in_tree(tree, msg, e)
+    assert main(["--root", str(root), "refresh"]) == 0
+    (tmp_path / "up/python/sglang/srt/v1_worker.py").unlink()
+    make_upstream(tmp_path / "up", W2, "v2.0.0")
+    return root
+
+
+def test_report_explains_upstream_versions_partial_obsolescence_and_dependencies(
+        proj2: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert tool(proj2, "rebase", "--to", "v2.0.0", "--check") == 1
+    rows = {ln.split(" | ")[1]: ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ") and " | " in ln}
+    # upstream wrote its own hook(): the patch's hunk still applies exactly, but would duplicate it
+    assert "| already upstream | upstream defines what the patch adds" in rows["g-own.patch"]
+    assert "python/sglang/srt/model.py: hook" in rows["g-own.patch"] and "_lm" not in rows["g-own.patch"]
+    assert "| already upstream | the header declares Upstream-Status: upstream since v2.0.0" in rows["h-declared.patch"]
+    # some files removed, some conflicting: both said, the removed one not listed as a conflict
+    i = rows["i-partly.patch"]
+    assert "| conflict | conflicts in python/sglang/srt/server_args.py;" in i
+    assert "obsolete in part: python/sglang/srt/v1_worker.py removed upstream" in i
+    assert "conflicts in python/sglang/srt/v1_worker.py" not in i and ", python/sglang/srt/v1_worker.py;" not in i
+    # a file an earlier, unported patch creates is not "gone upstream"
+    k = rows["k-needs.patch"]
+    assert "needs python/sglang/srt/new_mod.py from j-creates.patch, which did not port" in k
+    assert "removed upstream" not in k
+
+
+def test_upstream_version_is_kept_until_drop_and_continue_keeps_resolutions(
+        proj2: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for n in ("j-creates.patch", "k-needs.patch"):
+        (proj2 / "patches" / n).unlink()
+    (proj2 / "series").write_text("".join(f"{n}\n" for n in ("g-own.patch", "h-declared.patch", "i-partly.patch")))
+    assert tool(proj2, "rebase", "--to", "v2.0.0") == 1  # stops at i-partly
+    rt = proj2 / "build/rebase-v2.0.0"
+    git(rt, "rm", "-q", "python/sglang/srt/v1_worker.py")
+    (rt / "python/sglang/srt/server_args.py").write_text(SA.replace("x5 = 5\n", "x5 = 5000\n").replace(
+        "x30 = 30\n", "x30 = 300\n"))
+    git(rt, "add", "-A")
+    capsys.readouterr()
+    assert tool(proj2, "rebase", "--to", "v2.0.0", "--continue") == 1  # resolved, but two upstream patches
+    err = capsys.readouterr().err
+    assert "g-own.patch (already upstream), h-declared.patch (already upstream) would leave it" in err
+    assert "CONTINUE=1 DROP=1" in err
+    assert json.loads((proj2 / "sglang.lock").read_text())["ref"] == "v1.0.0"
+    assert tool(proj2, "rebase", "--to", "v2.0.0", "--continue", "--drop") == 0
+    out = capsys.readouterr().out
+    assert "| i-partly.patch | conflict resolved by hand |" in out
+    assert (proj2 / "series").read_text() == "i-partly.patch\n"
+    assert "+x5 = 5000" in (proj2 / "patches/i-partly.patch").read_text()
+    assert tool(proj2, "apply") == 0
+
+
+def test_similar_name_hint() -> None:
+    from tools.rebase import _similar
+
+    added = ("python/sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", "python/sglang/test/x_cuda_graph_runner.py",
+             "python/sglang/srt/speculative/eagle_worker_v2.py")
+    assert _similar("python/sglang/srt/model_executor/cuda_graph_runner.py", added) == [added[0]]
+    assert _similar("python/sglang/srt/speculative/eagle_worker.py", added) == []
