@@ -116,6 +116,10 @@ def run_config(cfg: Config, args: argparse.Namespace, tree: Path, model: str, dr
     with Server(spec, log, tree) as srv:
         say(f"[{cfg.name}] server up in {time.monotonic() - t0:.0f}s: {srv.command}")
         entry["startup_s"] = round(time.monotonic() - t0, 1)
+        # A fresh server's first requests pay for triton JIT compiles; keep that out of the
+        # first measured level.
+        for c in sorted({1, max(levels)}):
+            client.run_level(srv.url, client.prompts_for_level(prompts, c), c, {**sampling, "max_new_tokens": 8})
         for c in levels:
             n = max(args.num_requests, c)
             batch = client.prompts_for_level(prompts, n)
