@@ -30,6 +30,10 @@ class Config:
 
 CONFIGS: dict[str, Config] = {c.name: c for c in [
     Config("nospec", [], help="plain decoding"),
+    # The v1 speculative worker runs without SGLang's overlap scheduler; this baseline separates
+    # that cost from the cost of the switch's fallback step.
+    Config("nospec-nooverlap", ["--disable-overlap-schedule"],
+           help="plain decoding without the overlap scheduler (what the v1 worker runs under)"),
     Config("spec", EAGLE_V1, help="always EAGLE-3, v1 worker, topk 4, 3 steps, 16 draft tokens"),
     Config("switch-v1", EAGLE_V1, switch=True, compare_to=("nospec", "spec"),
            help="v1 EAGLE-3 with the dynamic switch"),

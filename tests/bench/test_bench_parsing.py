@@ -120,3 +120,9 @@ def test_cli_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
         cli.main(["--concurrency", "0,1"])
     assert cli.main(["--configs", "bogus", "--tree", "/nonexistent"]) == 2
     assert "unknown config" in capsys.readouterr().err
+
+
+def test_no_overlap_baseline_disables_the_overlap_scheduler() -> None:
+    cfg = parse_configs("nospec-nooverlap")[0]
+    assert cfg.flags == ["--disable-overlap-schedule"]
+    assert not cfg.speculative and not cfg.switch
