@@ -44,9 +44,9 @@ def write_tiny_llama_config(path: Path) -> Path:
     return path
 
 
-def make_server_args(model_path: Path, **overrides):
-    """The global ServerArgs the scheduler objects read, without __post_init__'s GPU probing."""
-    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+def server_args_with_defaults(**overrides):
+    """A ServerArgs holding its field defaults, without __post_init__'s GPU probing."""
+    from sglang.srt.server_args import ServerArgs
 
     args = object.__new__(ServerArgs)
     for field in dataclasses.fields(ServerArgs):
@@ -57,6 +57,16 @@ def make_server_args(model_path: Path, **overrides):
         else:
             value = None
         setattr(args, field.name, value)
+    for key, value in overrides.items():
+        setattr(args, key, value)
+    return args
+
+
+def make_server_args(model_path: Path, **overrides):
+    """The global ServerArgs the scheduler objects read, set up for a CPU EAGLE-3 batch."""
+    from sglang.srt.server_args import set_global_server_args_for_scheduler
+
+    args = server_args_with_defaults()
     args.model_path = str(model_path)
     args.device = "cpu"
     args.page_size = 1

@@ -10,13 +10,14 @@ on CPU) and the collective itself are stood in for.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import logging
 from types import SimpleNamespace
 
 import pytest
 import torch
+
+from sglang_cpu import server_args_with_defaults
 
 CAPABILITIES = {"sm120": (12, 0), "sm100": (10, 0), "sm90": (9, 0), "sm80": (8, 0)}
 KIMI = "KimiK25ForConditionalGeneration"
@@ -64,23 +65,9 @@ def device(monkeypatch):
 
 
 def _server_args(**overrides):
-    """A ServerArgs with its field defaults, without running __post_init__."""
-    from sglang.srt.server_args import ServerArgs
-
-    args = object.__new__(ServerArgs)
-    for field in dataclasses.fields(ServerArgs):
-        if field.default is not dataclasses.MISSING:
-            value = field.default
-        elif field.default_factory is not dataclasses.MISSING:
-            value = field.default_factory()
-        else:
-            value = None
-        setattr(args, field.name, value)
-    args.model_path = "moonshotai/Kimi-K2.5"
-    args.tp_size = 8
-    for key, value in overrides.items():
-        setattr(args, key, value)
-    return args
+    return server_args_with_defaults(
+        **{"model_path": "moonshotai/Kimi-K2.5", "tp_size": 8, **overrides}
+    )
 
 
 def _gate(communicator, monkeypatch, *, flag, batch_size=4):
