@@ -69,6 +69,10 @@ def test_enable_batch_size_defaults_below_the_disable_threshold(tmp_path):
         ),
         ({"speculative_disable_batch_size": 8, "pp_size": 2}, "pipeline parallelism"),
         (
+            {"speculative_disable_batch_size": 8, "enable_multi_layer_eagle": True},
+            "does not support --enable-multi-layer-eagle",
+        ),
+        (
             {"speculative_disable_batch_size": 8, "speculative_algorithm": "NGRAM"},
             "EAGLE or EAGLE3, not NGRAM",
         ),
