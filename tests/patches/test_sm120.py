@@ -75,7 +75,8 @@ def _gate(communicator, monkeypatch, *, flag, batch_size=4):
     monkeypatch.setattr(
         communicator,
         "get_global_server_args",
-        lambda: SimpleNamespace(enable_flashinfer_allreduce_fusion=flag),
+        # attn_cp_size: v0.5.10's gate also reads it.
+        lambda: SimpleNamespace(enable_flashinfer_allreduce_fusion=flag, attn_cp_size=1),
     )
     return communicator.apply_flashinfer_allreduce_fusion(batch_size)
 

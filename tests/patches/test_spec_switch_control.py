@@ -173,7 +173,10 @@ def test_fallback_steps_do_not_dilute_acceptance_metrics(tmp_path):
 def test_prometheus_counters_follow_the_switch():
     from prometheus_client import CollectorRegistry  # noqa: F401  (the real client)
 
-    from sglang.srt.metrics.collector import SchedulerMetricsCollector
+    try:
+        from sglang.srt.metrics.collector import SchedulerMetricsCollector
+    except ImportError:  # moved in v0.5.10
+        from sglang.srt.observability.metrics_collector import SchedulerMetricsCollector
     from sglang.srt.speculative.spec_switch import SpecSwitch
 
     collector = object.__new__(SchedulerMetricsCollector)
