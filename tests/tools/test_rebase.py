@@ -28,15 +28,24 @@ EXPECTED = {
 }
 
 
-@pytest.fixture
-def proj(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    up = make_upstream(tmp_path / "up", V1, "v1.0.0")
+def _project_with_patches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, upstream: dict[str, str],
+                           series: str, edits: list[tuple[str, dict[str, str]]]) -> Path:
+    """A project pinned to v1.0.0 of `upstream` whose series holds one patch per (message, files)."""
+    up = make_upstream(tmp_path / "up", upstream, "v1.0.0")
     root = tmp_path / "proj"
     (root / "patches").mkdir(parents=True)
-    (root / "series").write_text("# the series\n")
+    (root / "series").write_text(series)
     monkeypatch.setenv("SGLANG_REPO", str(up))
     assert main(["--root", str(root), "--ref", "v1.0.0", "apply"]) == 0
     tree = root / "build/sglang-v1.0.0"
+    for msg, e in edits:
+        commit_in_tree(tree, msg, e)
+    assert main(["--root", str(root), "refresh"]) == 0
+    return root
+
+
+@pytest.fixture
+def proj(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     edits = [
         ("A exact", {"python/sglang/srt/crlf.txt": "ALPHA\r\nbeta\r\ngamma\r\n"}),
         ("B offset", {"python/sglang/srt/server_args.py": SA.replace("x20 = 20\n", "x20 = 2000\n")}),
@@ -45,9 +54,8 @@ def proj(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         ("E obsolete", {"python/sglang/srt/old_name.py": V1["python/sglang/srt/old_name.py"].replace("1", "5")}),
         ("F conflict", {"python/sglang/srt/delete_me.py": "gone = False\n"}),
     ]
-    for subject, e in edits:
-        commit_in_tree(tree, header(subject), e)
-    assert main(["--root", str(root), "refresh"]) == 0
+    root = _project_with_patches(tmp_path, monkeypatch, V1, "# the series\n",
+                                 [(header(subject), e) for subject, e in edits])
     (tmp_path / "up/python/sglang/srt/old_name.py").unlink()
     make_upstream(tmp_path / "up", V2, "v2.0.0")
     return root
@@ -136,13 +144,6 @@ del W2["python/sglang/srt/v1_worker.py"]
 
 @pytest.fixture
 def proj2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    up = make_upstream(tmp_path / "up", W1, "v1.0.0")
-    root = tmp_path / "proj"
-    (root / "patches").mkdir(parents=True)
-    (root / "series").write_text("")
-    monkeypatch.setenv("SGLANG_REPO", str(up))
-    assert main(["--root", str(root), "--ref", "v1.0.0", "apply"]) == 0
-    tree = root / "build/sglang-v1.0.0"
     declared = header("H declared").replace("Upstream-Status: not upstream", "Upstream-Status: upstream since v2.0.0")
     edits = [
         (header("G own"), {"python/sglang/srt/model.py": MODEL_V1 + "\n    def _lm(self):\n        return self\n"
@@ -155,9 +156,7 @@ def proj2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
                                .replace("x30 = 30\n", "x30 = 3000\n")}),
         (header("K needs"), {"python/sglang/srt/new_mod.py": "n = 2\n"}),
     ]
-    for msg, e in edits:
-        commit_in_tree(tree, msg, e)
-    assert main(["--root", str(root), "refresh"]) == 0
+    root = _project_with_patches(tmp_path, monkeypatch, W1, "", edits)
     (tmp_path / "up/python/sglang/srt/v1_worker.py").unlink()
     make_upstream(tmp_path / "up", W2, "v2.0.0")
     return root
