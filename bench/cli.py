@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -17,7 +18,7 @@ from typing import Any
 from bench import client, report
 from bench.analysis import hysteresis
 from bench.configs import BASELINE_NOSPEC, BASELINE_SPEC, CONFIGS, DEFAULT_CONFIGS, Config, parse_configs
-from bench.logparse import parse_log, parse_metrics
+from bench.logparse import captured_graph_sets, parse_log, parse_metrics
 from bench.server import PROJECT_ROOT, Server, ServerError, ServerSpec, TreeError, base_flags, check_tree, resolve_tree
 
 FULL_LEVELS = [1, 2, 5, 10, 30, 70, 100, 250]
@@ -144,7 +145,9 @@ def run_config(cfg: Config, args: argparse.Namespace, tree: Path, model: str, dr
             say(("\r" if tty else "") + f"[{cfg.name}] C={c:>3} n={n:>3}: {lr.tok_per_s:9.1f} tok/s  wall {lr.wall_s:6.1f}s"
                 + (f"  counters {counters}" if counters else "") + (f"  ERRORS {len(lr.errors)}: {lr.errors[0]}" if lr.errors else ""))
             _save(results, out, plot=False)
-    ranks = parse_log(log.read_text(errors="replace"))
+    log_text = log.read_text(errors="replace")
+    entry["graph_sets"] = [dataclasses.asdict(g) for g in captured_graph_sets(log_text)]
+    ranks = parse_log(log_text)
     entry["log_counters"] = {str(r): (rl.counters.as_dict() if rl.counters else None) for r, rl in ranks.items()}
 
 

@@ -40,6 +40,12 @@ CONFIGS: dict[str, Config] = {c.name: c for c in [
     Config("spec-v2", EAGLE_V2, V2_ENV, help="always EAGLE-3, v2 (overlap) worker, topk 1, 3 steps, 4 draft tokens"),
     Config("switch-v2", EAGLE_V2, V2_ENV, switch=True, compare_to=("nospec", "spec-v2"), baseline="spec-v2",
            help="v2 EAGLE-3 with the dynamic switch"),
+    # The fallback's one-token draft extend keeps the draft's KV cache current; these measure its cost.
+    Config("switch-v1-nosync", EAGLE_V1 + ["--speculative-fallback-skip-draft-sync"], switch=True,
+           compare_to=("nospec", "spec"), help="switch-v1 without the draft sync in fallback steps"),
+    Config("switch-v2-nosync", EAGLE_V2 + ["--speculative-fallback-skip-draft-sync"], V2_ENV, switch=True,
+           compare_to=("nospec", "spec-v2"), baseline="spec-v2",
+           help="switch-v2 without the draft sync in fallback steps"),
     Config("spec-s2", EAGLE_V1_S2, help="reduced: v1, topk 1, 2 steps, 3 draft tokens"),
     Config("switch-s2", EAGLE_V1_S2, switch=True, compare_to=("nospec", "spec-s2"), baseline="spec-s2",
            help="reduced v1 speculation with the switch"),

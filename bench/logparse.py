@@ -6,7 +6,10 @@ Tolerant of small format changes. Recognised:
 - events: ``speculation OFF at bs=<n>`` / ``speculation ON at bs=<n>``;
 - SGLang's ``Decode batch, #running-req: N, ... cuda graph: True|False`` lines;
 - the rank from the log prefix ``[... TP<k>]`` (rank 0 when absent);
-- Prometheus counters ``sglang:spec_switch_{spec_steps,fallback_steps,switches}_total``.
+- Prometheus counters ``sglang:spec_switch_{spec_steps,fallback_steps,switches}_total``;
+- CUDA graph capture: ``Capture cuda graph bs [..]`` followed by ``Capture cuda graph end`` (the
+  target's own set) or ``Capture plain-decode cuda graph ... end`` (the 0005 patch's set), with their
+  ``Time elapsed: X s`` and ``mem usage=Y GB``.
 """
 from __future__ import annotations
 
@@ -21,6 +24,9 @@ _STATE_ALT = re.compile(r"spec steps:\s*(?P<spec>\d+),\s*fallback steps:\s*(?P<f
 _EVENT = re.compile(r"speculation\s+(?P<dir>OFF|ON)\s+at\s+bs\s*=\s*(?P<bs>\d+)", re.I)
 _DECODE = re.compile(r"Decode batch\b.*?#running-req:\s*(?P<bs>\d+)", re.I)
 _GRAPH = re.compile(r"cuda graph:\s*(?P<g>True|False)", re.I)
+_CAPTURE_BS = re.compile(r"Capture cuda graph bs \[(?P<bs>[\d,\s]*)\]")
+_CAPTURE_END = re.compile(r"Capture (?P<plain>plain-decode )?cuda graph\b.*?\bend\b.*?Time elapsed:\s*(?P<s>[\d.]+)\s*s"
+                          r".*?mem usage=\s*(?P<gb>[-\d.]+)\s*GB")
 _METRIC = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{[^}]*\})?\s+(?P<val>[-+0-9.eEinfNa]+)\s*$")
 METRIC_KEYS = {"spec_steps": "spec_steps", "fallback_steps": "fallback_steps", "switches": "switches"}
 
@@ -60,6 +66,33 @@ class RankLog:
     counters: Counters | None = None  # last state line
     events: list[tuple[str, int]] = field(default_factory=list)  # ("OFF"|"ON", batch size)
     decode: list[DecodeLine] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class GraphSet:
+    kind: str  # "target" (the runner's own set: verify on a speculative server) or "plain-decode"
+    sizes: tuple[int, ...]
+    seconds: float
+    gigabytes: float
+
+
+def captured_graph_sets(text: str, rank: int = 0) -> list[GraphSet]:
+    """The target model's CUDA graph sets of one rank, in capture order."""
+    sets: list[GraphSet] = []
+    sizes: tuple[int, ...] = ()
+    for line in text.splitlines():
+        if "Capture" not in line or rank_of(line) != rank:
+            continue
+        m = _CAPTURE_BS.search(line)
+        if m:
+            sizes = tuple(int(x) for x in m.group("bs").replace(",", " ").split())
+            continue
+        e = _CAPTURE_END.search(line)
+        if e and sizes:
+            kind = "plain-decode" if e.group("plain") else "target"
+            sets.append(GraphSet(kind, sizes, float(e.group("s")), float(e.group("gb"))))
+            sizes = ()
+    return sets
 
 
 def parse_log(text: str) -> dict[int, RankLog]:

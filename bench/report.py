@@ -133,7 +133,17 @@ def markdown(results: dict[str, Any]) -> str:
     for name, c in cfgs.items():
         env = " ".join(f"{k}={v}" for k, v in (c.get("env") or {}).items())
         out.append(f"- `{name}`: `{(env + ' ') if env else ''}{' '.join(c.get('flags') or []) or '(no speculation flags)'}`")
+    startup = [startup_line(name, c) for name, c in cfgs.items() if c.get("startup_s") is not None]
+    if startup:
+        out += ["", "Start-up (server up, s) and the target's CUDA graph sets (batch sizes, capture s, GB):", ""]
+        out += startup
     return "\n".join(out) + "\n"
+
+
+def startup_line(name: str, c: dict[str, Any]) -> str:
+    sets = "; ".join(f"{g['kind']} bs {g['sizes'][0]}..{g['sizes'][-1]} ({len(g['sizes'])} sizes) "
+                     f"{g['seconds']:.1f} s {g['gigabytes']:.2f} GB" for g in c.get("graph_sets") or [])
+    return f"- `{name}`: up in {c['startup_s']:.0f} s" + (f"; {sets}" if sets else "")
 
 
 def write_markdown(results: dict[str, Any], path: Path) -> Path:

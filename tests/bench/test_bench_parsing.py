@@ -126,3 +126,14 @@ def test_no_overlap_baseline_disables_the_overlap_scheduler() -> None:
     cfg = parse_configs("nospec-nooverlap")[0]
     assert cfg.flags == ["--disable-overlap-schedule"]
     assert not cfg.speculative and not cfg.switch
+
+
+def test_captured_graph_sets_from_a_real_switch_server_log() -> None:
+    from bench.logparse import captured_graph_sets
+
+    text = (Path(__file__).parent / "data" / "switch-v1-capture.log").read_text()
+    sets = captured_graph_sets(text)
+    assert [(g.kind, g.sizes[0], g.sizes[-1], g.seconds, g.gigabytes) for g in sets] == [
+        ("target", 1, 64, 44.17, 0.19), ("plain-decode", 5, 64, 2.0, 0.07)]
+    # The draft's graph lines are not the target's.
+    assert captured_graph_sets(text, rank=1) == []

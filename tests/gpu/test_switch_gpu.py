@@ -101,6 +101,24 @@ def test_fallback_replays_cuda_graphs(ctx: dict[str, Any], worker: str) -> None:
     assert not eager, f"{len(eager)} fallback decode batch(es) ran without a CUDA graph, first: {eager[0].line}"
 
 
+@pytest.mark.parametrize("worker", ["v1", "v2"])
+def test_graph_sets_cover_only_their_batch_sizes(ctx: dict[str, Any], worker: str) -> None:
+    """Verify graphs stop at the size a batch of DISABLE pads to; DECODE graphs start above ENABLE."""
+    run = switch_run(ctx, worker, "exact")
+    sets = H.captured_graph_sets(run.log_text)
+    ref = H.captured_graph_sets(ref_run(ctx, "exact").log_text)
+    SUMMARY.append(f"[{worker} exact] graph sets (bs, capture s, GB): "
+                   + "; ".join(f"{g.kind} bs {g.sizes[0]}..{g.sizes[-1]} ({len(g.sizes)}) {g.seconds} s {g.gigabytes} GB"
+                               for g in sets)
+                   + " | no-spec server: " + "; ".join(f"{g.kind} bs {g.sizes[0]}..{g.sizes[-1]} {g.seconds} s {g.gigabytes} GB"
+                                                       for g in ref))
+    assert [g.kind for g in sets] == ["target", "plain-decode"], f"unexpected capture lines in {run.log_path}: {sets}"
+    verify, decode = sets
+    assert verify.sizes[-1] >= H.DISABLE and [b for b in verify.sizes if b >= H.DISABLE] == [verify.sizes[-1]], (
+        f"verify graphs {verify.sizes} should stop at the first size >= {H.DISABLE}")
+    assert decode.sizes[0] > H.ENABLE, f"plain-decode graphs {decode.sizes} should start above {H.ENABLE}"
+
+
 @pytest.mark.gpus(2)
 def test_tp2_ranks_agree(ctx: dict[str, Any]) -> None:
     models = H.models_for("exact", ctx["fx"])

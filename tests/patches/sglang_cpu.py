@@ -304,3 +304,24 @@ def use_torch_kernels(monkeypatch) -> None:
     monkeypatch.setattr(
         eagle_worker, "assign_draft_cache_locs", _Launcher(_assign_draft_cache_locs)
     )
+
+
+def init_single_rank_groups() -> None:
+    """SGLang's own process groups for one rank (gloo), as a TP1 server sets them up."""
+    import socket
+
+    from sglang.srt.distributed import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    parallel_state.init_distributed_environment(
+        world_size=1,
+        rank=0,
+        local_rank=0,
+        distributed_init_method=f"tcp://127.0.0.1:{port}",
+        backend="gloo",
+    )
+    parallel_state.initialize_model_parallel(backend="gloo")

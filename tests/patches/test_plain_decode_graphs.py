@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_cpu import make_server_args, write_tiny_llama_config
+from sglang_cpu import init_single_rank_groups, make_server_args, write_tiny_llama_config
 from test_spec_switch_control import _forward_batch, _verify_graph_runner
 
 
@@ -70,3 +70,41 @@ def test_without_plain_decode_graphs_a_decode_batch_does_not_replay_verify(tmp_p
         # Eager path: needs the model (GPU); reaching it is the point.
         model_runner._forward_raw(_forward_batch(ForwardMode.DECODE, 10, 1), False, None)
     assert calls == []
+
+
+def _capture_sizes(tmp_path, speculating_only, **switch):
+    from types import SimpleNamespace
+
+    from sglang.srt.model_executor.cuda_graph_runner import get_batch_sizes_to_capture
+
+    init_single_rank_groups()
+    args = make_server_args(
+        write_tiny_llama_config(tmp_path / "m"),
+        cuda_graph_bs=[1, 2, 4, 8, 12, 16, 24, 32, 48, 64],
+        **switch,
+    )
+    model_runner = SimpleNamespace(
+        server_args=args, req_to_token_pool=SimpleNamespace(size=256)
+    )
+    capture_bs, _ = get_batch_sizes_to_capture(
+        model_runner, 16, speculating_only=speculating_only
+    )
+    return capture_bs
+
+
+@pytest.mark.parametrize(
+    "disable, expected",
+    [(5, [1, 2, 4, 8]), (8, [1, 2, 4, 8]), (100, [1, 2, 4, 8, 12, 16, 24, 32, 48, 64])],
+)
+def test_speculating_graphs_stop_at_the_size_the_threshold_pads_to(
+    tmp_path, disable, expected
+):
+    """Speculative steps run at bs <= N only; larger verify/draft graphs would never replay."""
+    switch = dict(speculative_disable_batch_size=disable, speculative_enable_batch_size=3)
+    assert _capture_sizes(tmp_path, True, **switch) == expected
+    # The draft-extend graphs also serve the fallback's draft sync: all sizes.
+    assert _capture_sizes(tmp_path, False, **switch)[-1] == 64
+
+
+def test_without_the_switch_speculating_graphs_keep_every_size(tmp_path):
+    assert _capture_sizes(tmp_path, True)[-1] == 64
