@@ -2,6 +2,9 @@
 # The command for a device `run` (lent H200), with `carry: [".gpu"]`:
 #   bash ci/gpu/run-on-device.sh test  [pytest args]   # GPU tests: pytest tests/gpu -m gpu
 #   bash ci/gpu/run-on-device.sh bench [bench args]    # python -m bench (default: --quick)
+#   bash ci/gpu/run-on-device.sh bench-per-gpu "ARGS0" "ARGS1" ...
+#                                                     # one bench per GPU at once (CUDA_VISIBLE_DEVICES=i),
+#                                                     # $OUT/bench-<i>/results.{json,md}; log, server logs, plot in $OUT/logs-<i>.tgz
 #   bash ci/gpu/run-on-device.sh env                   # only set up and report the environment
 # Needs the offline bundle built here first:
 #   bash ../shared/gpu/build-bundle.sh .gpu build/sglang-v0.5.9     (+ optional ci/gpu/build-extra.sh)
@@ -52,7 +55,26 @@ case "$mode" in
     [ $# -gt 0 ] || set -- --quick
     timeout --signal=INT --kill-after=30 "$budget" python3 -m bench --out "$OUT/bench" "$@" 2>&1 | tee "$OUT/bench.log"
     rc=${PIPESTATUS[0]} ;;
-  *) log "unknown mode $mode (test | bench | env)"; exit 2 ;;
+  bench-per-gpu)
+    # Each sweep must hold its own baselines: ratios compare configs of one sweep only.
+    pids=()
+    for i in $(seq 0 $(( $# - 1 ))); do
+      args="${@:$(( i + 1 )):1}"
+      # shellcheck disable=SC2086
+      CUDA_VISIBLE_DEVICES=$i timeout --signal=INT --kill-after=30 "$budget" \
+        python3 -m bench --out "$OUT/bench-$i" $args > "$OUT/bench-$i.log" 2>&1 &
+      pids+=($!)
+    done
+    rc=0
+    for i in "${!pids[@]}"; do
+      wait "${pids[$i]}" || rc=$?
+      tail -n 40 "$OUT/bench-$i.log" >&2
+      # The device returns at most 8 files: keep results.json/.md, pack the rest (the CSV and the
+      # plot can be redone from results.json with `python -m bench report`).
+      tar czf "$OUT/logs-$i.tgz" -C "$OUT" "bench-$i.log" "bench-$i/logs" $(cd "$OUT" && ls bench-$i/*.png 2>/dev/null) \
+        && rm -rf "$OUT/bench-$i.log" "$OUT/bench-$i/logs" "$OUT/bench-$i/results.csv" "$OUT/bench-$i"/*.png
+    done ;;
+  *) log "unknown mode $mode (test | bench | bench-per-gpu | env)"; exit 2 ;;
 esac
 log "exit $rc after $(( $(date +%s) - t0 ))s (124: interrupted at DEVICE_TIMEOUT)"
 exit "$rc"
