@@ -39,6 +39,16 @@ def _levels(text: str) -> list[int]:
     return out
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _thresholds(text: str) -> tuple[int, int]:
     try:
         n, m = (int(x) for x in text.split(","))
@@ -54,7 +64,10 @@ def parser() -> argparse.ArgumentParser:
                                  epilog="configs: " + "; ".join(f"{c.name}: {c.help}" for c in CONFIGS.values()))
     ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="comma-separated (default %(default)s)")
     ap.add_argument("--concurrency", type=_levels, default=None, help=f"levels (default {FULL_LEVELS}; --quick {QUICK_LEVELS})")
-    ap.add_argument("--num-requests", type=int, default=None, help="requests per level, at least the level (default 30; --quick 10)")
+    ap.add_argument("--num-requests", type=_positive, default=None, help="requests per level, at least the level (default 30; --quick 10)")
+    ap.add_argument("--waves", type=_positive, default=None,
+                    help="each level sends at least WAVES x concurrency requests (default 3; --quick 1): a level "
+                         "of one wave at high concurrency lasts about a second and is noise")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 512 (--quick 128)")
     ap.add_argument("--quick", action="store_true", help="fewer levels, requests and tokens (fits a 10-minute device call)")
     ap.add_argument("--prompts", type=Path, default=None, help=f"prompt file (.jsonl/.json/.txt; default {client.DEFAULT_PROMPTS.name})")
@@ -98,6 +111,10 @@ def _switch_thresholds(cfg: Config, args: argparse.Namespace, results: dict[str,
     return int(rec["disable_batch_size"]), int(rec["enable_batch_size"])
 
 
+def requests_for_level(num_requests: int, waves: int, concurrency: int) -> int:
+    return max(num_requests, waves * concurrency)
+
+
 def run_config(cfg: Config, args: argparse.Namespace, tree: Path, model: str, draft: str | None,
                prompts: list[str], levels: list[int], results: dict[str, Any], out: Path) -> None:
     flags = base_flags() + list(cfg.flags) + ["--enable-metrics", "--max-running-requests", str(args.max_running_requests)]
@@ -122,7 +139,7 @@ def run_config(cfg: Config, args: argparse.Namespace, tree: Path, model: str, dr
         for c in sorted({1, max(levels)}):
             client.run_level(srv.url, client.prompts_for_level(prompts, c), c, {**sampling, "max_new_tokens": 8})
         for c in levels:
-            n = max(args.num_requests, c)
+            n = requests_for_level(args.num_requests, args.waves, c)
             batch = client.prompts_for_level(prompts, n)
             client.flush_cache(srv.url)
             before = parse_metrics(client.get_metrics(srv.url))
@@ -164,6 +181,7 @@ def run(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     levels = args.concurrency or (QUICK_LEVELS if args.quick else FULL_LEVELS)
     args.num_requests = args.num_requests if args.num_requests is not None else (10 if args.quick else 30)
+    args.waves = args.waves if args.waves is not None else (1 if args.quick else 3)
     args.max_new_tokens = args.max_new_tokens or (128 if args.quick else 512)
     cfgs = parse_configs(args.configs)
     out = args.out or PROJECT_ROOT / "build" / "bench" / time.strftime("%Y%m%d-%H%M%S")
@@ -182,10 +200,11 @@ def run(argv: list[str]) -> int:
         prompts = client.apply_chat_template(prompts, model)
     results: dict[str, Any] = {"meta": {
         "model": model, "draft_model": draft, "tp": args.tp, "levels": ",".join(map(str, levels)),
-        "num_requests": args.num_requests, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+        "num_requests": args.num_requests, "waves": args.waves, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
         "prompts": str(args.prompts or client.DEFAULT_PROMPTS.name), "sglang": imported,
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "extra_flags": args.extra_flags}, "configs": {}}
-    say(f"bench: {len(cfgs)} config(s) x levels {levels}, >= {args.num_requests} requests, {args.max_new_tokens} new tokens -> {out}")
+    say(f"bench: {len(cfgs)} config(s) x levels {levels}, max({args.num_requests}, {args.waves} x C) requests, "
+        f"{args.max_new_tokens} new tokens -> {out}")
     t_start, failed = time.monotonic(), []
     for i, cfg in enumerate(cfgs, 1):
         if args.time_budget and time.monotonic() - t_start > args.time_budget:

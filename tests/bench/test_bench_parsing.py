@@ -137,3 +137,15 @@ def test_captured_graph_sets_from_a_real_switch_server_log() -> None:
         ("target", 1, 64, 44.17, 0.19), ("plain-decode", 5, 64, 2.0, 0.07)]
     # The draft's graph lines are not the target's.
     assert captured_graph_sets(text, rank=1) == []
+
+
+def test_each_level_spans_several_waves() -> None:
+    assert cli.requests_for_level(30, 3, 1) == 30  # low concurrency: the user's request count
+    assert cli.requests_for_level(30, 3, 100) == 300  # high: three waves, not one
+    assert cli.requests_for_level(30, 1, 250) == 250
+
+
+def test_waves_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["--waves", "0"])
+    assert "--waves" in capsys.readouterr().err
