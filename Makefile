@@ -7,7 +7,8 @@ SGLANG_REF ?=
 SGLANG_REPO ?=
 # TREE: patched tree; empty means build/sglang-<ref>.
 TREE ?=
-# FORCE=1: apply even over unsaved work in the tree, after saving it on a backup branch.
+# FORCE=1: apply even over unsaved work in the tree, after saving it on a backup branch;
+#          refresh even over patch files edited by hand since the last apply/refresh.
 FORCE ?=
 # ALLOW_OFFSET=1: accept hunks that apply at an offset (rebasing work; check still refuses them).
 ALLOW_OFFSET ?=
@@ -40,7 +41,7 @@ apply: ## build build/sglang-<ref>: upstream base + one commit per patch (strict
 	$(TOOL) apply $(if $(FORCE),--force) $(if $(ALLOW_OFFSET),--allow-offset)
 
 refresh: ## write the tree's commits back to patches/ (new commits are appended to series)
-	$(TOOL) refresh
+	$(TOOL) refresh $(if $(FORCE),--force)
 
 check: ## series vs patches/, headers, exact application, re-export is a no-op
 	$(TOOL) check

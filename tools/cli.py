@@ -54,7 +54,7 @@ def cmd_apply(args: argparse.Namespace, project: Project) -> int:
 def cmd_refresh(args: argparse.Namespace, project: Project) -> int:
     from tools.export import export_tree
 
-    out = export_tree(project, _tree(args, project))
+    out = export_tree(project, _tree(args, project), force=args.force)
     for n in out.written:
         print(f"wrote patches/{n}" + (" (new, appended to series)" if n in out.added else ""))
     print(f"refresh: {len(out.written)} written, {len(out.unchanged)} unchanged, {len(out.added)} new")
@@ -141,7 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--relock", action="store_true", help="resolve the ref afresh and rewrite sglang.lock")
     a.set_defaults(func=cmd_apply)
 
-    sub.add_parser("refresh", help="write the tree's commits back to patches/").set_defaults(func=cmd_refresh)
+    p_refresh = sub.add_parser("refresh", help="write the tree's commits back to patches/")
+    p_refresh.add_argument("--force", action="store_true",
+                           help="overwrite patch files edited since the last apply/refresh")
+    p_refresh.set_defaults(func=cmd_refresh)
     sub.add_parser("check", help="verify series, headers, exact application, export").set_defaults(func=cmd_check)
 
     s = sub.add_parser("status", help="table of patches: hunks per version, Upstream-Status, Tests")

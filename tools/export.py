@@ -80,7 +80,23 @@ def _match_names(repo: Git, commits: list[str], series_names: list[str], project
     return names
 
 
-def export_tree(project: Project, tree: Path) -> ExportOutcome:
+def _edited_since_sync(repo: Git, base: str, project: Project, series_names: list[str]) -> list[str]:
+    """Patch files that differ from what the tree held when it was last applied or refreshed."""
+    synced = repo.rev(APPLIED_REF)
+    if not synced or not repo.is_ancestor(base, synced):
+        return []
+    commits = repo.commits(base, synced)
+    edited = []
+    for c, name in zip(commits, _match_names(repo, commits, series_names, project)):
+        path = project.patches_dir / name if name else None
+        if path and path.is_file() and path.read_bytes() != export_commit(repo, c).encode("utf-8", "surrogateescape"):
+            edited.append(name)
+    return edited
+
+
+def export_tree(project: Project, tree: Path, force: bool = False) -> ExportOutcome:
+    """Write the tree's commits to patches/. Refuses (unless force) to overwrite a patch file edited
+    since the last apply or refresh, which the tree does not hold."""
     repo = Git(tree)
     if not repo.is_repo() or not repo.rev(BASE_REF):
         raise ToolError(f"{tree} is not a tree built by `make apply` (no {BASE_REF}); run `make apply` first")
@@ -107,6 +123,14 @@ def export_tree(project: Project, tree: Path) -> ExportOutcome:
         raise SeriesError(
             "the tree's commits are in a different order than series: reorder the lines in series to "
             f"match ({', '.join(order)}) and run refresh again. Nothing was written."
+        )
+    edited = _edited_since_sync(repo, base, project, series_names)
+    if edited and not force:
+        raise ToolError(
+            "patch files edited since the tree was last applied or refreshed: " + ", ".join(edited)
+            + "\nRefreshing would overwrite those edits with the tree's commits. Put the edit in the tree "
+            "(a header: `git commit --amend` there; or `make apply FORCE=1` to rebuild the tree from "
+            "patches/), or refresh with FORCE=1 to discard it. Nothing was written."
         )
     dirty = repo.dirty_paths()
     if dirty:

@@ -202,3 +202,39 @@ def test_prometheus_counters_follow_the_switch():
 
     value = lambda n: registry.get_sample_value(f"sglang:spec_switch_{n}_total", labels)  # noqa: E731
     assert (value("spec_steps"), value("fallback_steps"), value("switches")) == (2.0, 3.0, 3.0)
+
+
+def _batch_output(**fields):
+    """A real BatchStrOutput with every other field empty."""
+    from sglang.srt.managers.io_struct import BatchStrOutput
+
+    values = {f.name: None for f in dataclasses.fields(BatchStrOutput)}
+    values.update(fields)
+    return BatchStrOutput(**values)
+
+
+@pytest.mark.parametrize(
+    "disable_batch_size, expected",
+    [(None, 131 / 10), (8, 1 + 20 / 10)],
+)
+def test_per_request_accept_length_leaves_out_fallback_tokens(
+    tmp_path, disable_batch_size, expected
+):
+    """10 verify steps accepted 20 draft tokens; 100 more tokens came from fallback steps."""
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    manager = object.__new__(TokenizerManager)
+    manager.server_args = make_server_args(
+        write_tiny_llama_config(tmp_path / "m"),
+        speculative_disable_batch_size=disable_batch_size,
+    )
+    recv = _batch_output(
+        completion_tokens=[1 + 10 + 20 + 100],
+        spec_verify_ct=[10],
+        spec_accepted_tokens=[20],
+        spec_acceptance_histogram=[],
+    )
+    meta_info = {}
+    manager._calculate_spec_decoding_metrics(meta_info, recv, 0)
+    assert meta_info["spec_accept_length"] == pytest.approx(expected)
+    assert meta_info["spec_accept_rate"] == pytest.approx(20 / (10 * 15))

@@ -61,6 +61,36 @@ def test_dropped_commit_is_not_silently_lost(env: Env, capsys: pytest.CaptureFix
     assert "series entries with no commit in the tree: no-newline.patch" in capsys.readouterr().err
 
 
+def test_hand_edited_patch_file_is_not_overwritten(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    env.use("exact.patch", "no-newline.patch")
+    assert env.tool("apply") == 0
+    patch = env.root / "patches" / "exact.patch"
+    edited = patch.read_text().replace("Description:\n", "Description:\n An edit made in patches/.\n", 1)
+    assert edited != patch.read_text()
+    patch.write_text(edited)
+    assert env.tool("refresh") == 1
+    err = capsys.readouterr().err
+    assert "patch files edited since the tree was last applied or refreshed: exact.patch" in err
+    assert "Nothing was written" in err
+    assert patch.read_text() == edited
+    # FORCE=1 takes the tree's version, on purpose.
+    assert env.tool("refresh", "--force") == 0
+    assert patch.read_bytes() == (DATA / "exact.patch").read_bytes()
+
+
+def test_refresh_after_refresh_sees_no_edit(env: Env) -> None:
+    env.use("crlf-file.patch")
+    assert env.tool("apply") == 0
+    t = env.tree
+    (t / "python/sglang/srt/crlf.txt").write_bytes(b"alpha\r\nBETA!\r\ngamma\r\n")
+    git(t, "commit", "-q", "-a", "--amend", "--no-edit")
+    assert env.tool("refresh") == 0
+    (t / "python/sglang/srt/crlf.txt").write_bytes(b"alpha\r\nBETA?\r\ngamma\r\n")
+    git(t, "commit", "-q", "-a", "--amend", "--no-edit")
+    assert env.tool("refresh") == 0
+    assert b"+BETA?\r\n" in (env.root / "patches" / "crlf-file.patch").read_bytes()
+
+
 def test_canonical_is_idempotent_and_slug() -> None:
     text = (DATA / "exact.patch").read_text()
     assert canonical(text) == text
