@@ -16,12 +16,16 @@ def test_apply_then_refresh_is_byte_for_byte_noop(env: Env, capsys: pytest.Captu
         assert (env.root / "patches" / n).read_bytes() == (DATA / n).read_bytes(), n
 
 
+def _amend_crlf_patch(env: Env, middle: bytes) -> None:
+    """Change the crlf-file patch in the tree, as a developer folds in a fix."""
+    (env.tree / "python/sglang/srt/crlf.txt").write_bytes(b"alpha\r\n" + middle + b"\r\ngamma\r\n")
+    git(env.tree, "commit", "-q", "-a", "--amend", "--no-edit")
+
+
 def test_refresh_writes_a_changed_patch_keeping_its_header(env: Env) -> None:
     env.use("crlf-file.patch")
     assert env.tool("apply") == 0
-    t = env.tree
-    (t / "python/sglang/srt/crlf.txt").write_bytes(b"alpha\r\nBETA!\r\ngamma\r\n")
-    git(t, "commit", "-q", "-a", "--amend", "--no-edit")
+    _amend_crlf_patch(env, b"BETA!")
     assert env.tool("refresh") == 0
     new = (env.root / "patches" / "crlf-file.patch").read_bytes()
     old = (DATA / "crlf-file.patch").read_bytes()
@@ -81,12 +85,9 @@ def test_hand_edited_patch_file_is_not_overwritten(env: Env, capsys: pytest.Capt
 def test_refresh_after_refresh_sees_no_edit(env: Env) -> None:
     env.use("crlf-file.patch")
     assert env.tool("apply") == 0
-    t = env.tree
-    (t / "python/sglang/srt/crlf.txt").write_bytes(b"alpha\r\nBETA!\r\ngamma\r\n")
-    git(t, "commit", "-q", "-a", "--amend", "--no-edit")
+    _amend_crlf_patch(env, b"BETA!")
     assert env.tool("refresh") == 0
-    (t / "python/sglang/srt/crlf.txt").write_bytes(b"alpha\r\nBETA?\r\ngamma\r\n")
-    git(t, "commit", "-q", "-a", "--amend", "--no-edit")
+    _amend_crlf_patch(env, b"BETA?")
     assert env.tool("refresh") == 0
     assert b"+BETA?\r\n" in (env.root / "patches" / "crlf-file.patch").read_bytes()
 
