@@ -18,6 +18,7 @@ from typing import Any
 from bench import client, report
 from bench.analysis import hysteresis
 from bench.configs import BASELINE_NOSPEC, BASELINE_SPEC, CONFIGS, DEFAULT_CONFIGS, Config, parse_configs
+from bench.fixtures import FixtureError
 from bench.logparse import captured_graph_sets, parse_log, parse_metrics
 from bench.server import PROJECT_ROOT, Server, ServerError, ServerSpec, TreeError, base_flags, check_tree, resolve_tree
 
@@ -76,6 +77,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft-model", default=None, help="EAGLE-3 draft path (default: the fixture draft)")
     ap.add_argument("--fixture-pair", choices=["exact", "random"], default="exact",
                     help="fixture models when --model is not given (exact: near-100%% acceptance)")
+    ap.add_argument("--fixture-preset", choices=["tiny", "gpu-bound"], default="tiny",
+                    help="fixture models when --model is not given: tiny (H=512, 8 layers; the server's CPU work "
+                         "dominates a step) or gpu-bound (Llama-3-8B shape, drawn on the GPU, exact pair only)")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--extra-flags", default="", help="extra server flags for every config (one string)")
     ap.add_argument("--max-running-requests", type=int, default=256,
@@ -192,14 +196,14 @@ def run(argv: list[str]) -> int:
     if model is None:
         from bench import fixtures
 
-        fx = fixtures.generate()
+        fx = fixtures.generate(fixtures.PRESETS[args.fixture_preset])
         t, d = fx.pair(args.fixture_pair)
         model, draft = str(t), draft or str(d)
     prompts = client.load_prompts(args.prompts)
     if args.chat_template:
         prompts = client.apply_chat_template(prompts, model)
     results: dict[str, Any] = {"meta": {
-        "model": model, "draft_model": draft, "tp": args.tp, "levels": ",".join(map(str, levels)),
+        "model": model, "draft_model": draft, "fixture_preset": None if args.model else args.fixture_preset, "tp": args.tp, "levels": ",".join(map(str, levels)),
         "num_requests": args.num_requests, "waves": args.waves, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
         "prompts": str(args.prompts or client.DEFAULT_PROMPTS.name), "sglang": imported,
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "extra_flags": args.extra_flags}, "configs": {}}
@@ -260,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return fixtures.main(argv[1:])
         return run(argv)
-    except (TreeError, BenchError, ValueError, OSError) as e:
+    except (TreeError, BenchError, FixtureError, ValueError, OSError) as e:
         print(f"bench: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -12,7 +12,8 @@ Four models share one tokenizer (trained with `tokenizers` on text generated her
 Pairs: ``exact`` = (target-exact, draft-exact), ``random`` = (target-random, draft-random).
 Deterministic for a seed; cached under ``<root>/<hash of parameters>/``.
 
-CLI: ``python -m bench.fixtures [--root DIR] [--hidden 512] [--layers 8] ...`` prints the folder.
+CLI: ``python -m bench.fixtures [--root DIR] [--preset tiny|gpu-bound] [--hidden 512] [--layers 8] ...``
+prints the folder.
 """
 from __future__ import annotations
 
@@ -47,10 +48,23 @@ class FixtureParams:
     seed: int = 1234
     init_std: float = 0.02
     lm_head_scale: float = 4.0  # sharper random-target logits: fewer bf16 near-ties
+    device: str = "cpu"  # where the target's weights are drawn ("cuda": another random stream)
+    random_pair: bool = True  # also write target-random and draft-random
 
     def key(self) -> str:
         blob = json.dumps({"v": GENERATOR_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+# "gpu-bound": a Llama-3-8B-shaped target (7.2B parameters, 14 GB in bf16) whose decode step on one
+# H200 takes milliseconds of GPU time, as a large model's does, where the tiny default is bound by
+# the server's per-step CPU work. Drawn on the GPU (seconds, against many minutes on CPU); exact
+# pair only, to halve the disk and time.
+PRESETS = {
+    "tiny": FixtureParams(),
+    "gpu-bound": FixtureParams(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336,
+                               device="cuda", random_pair=False),
+}
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,9 @@ class Fixtures:
 
     def pair(self, kind: str) -> tuple[Path, Path]:
         target, draft = PAIRS[kind]
+        if not (self.root / target).is_dir():
+            raise FixtureError(f"{self.root} has no {kind} pair (generated with random_pair=False); "
+                               "use the exact pair or generate with --random-pair")
         return self.root / target, self.root / draft
 
 
@@ -154,13 +171,17 @@ def _llama_config(params: FixtureParams, vocab: int, layers: int) -> Any:
     )
 
 
-def build_target(out: Path, params: FixtureParams, vocab: int, exact: bool, seed: int) -> dict[str, Any]:
-    """Write a Llama target; return its state dict (float32, for building the drafts)."""
+def build_target(out: Path, params: FixtureParams, vocab: int, exact: bool, seed: int) -> Any:
+    """Write a Llama target; return its input embedding (float32 on CPU, for the exact draft)."""
     import torch
     from transformers import LlamaForCausalLM
 
+    device = torch.device(params.device)
+    if device.type != "cpu" and not getattr(torch, device.type).is_available():
+        raise FixtureError(f"fixture device {params.device!r} is not available here (preset gpu-bound needs a GPU)")
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(_llama_config(params, vocab, params.layers))
+    with torch.device(params.device):
+        model = LlamaForCausalLM(_llama_config(params, vocab, params.layers))
     with torch.no_grad():
         if exact:
             for layer in model.model.layers:
@@ -169,9 +190,9 @@ def build_target(out: Path, params: FixtureParams, vocab: int, exact: bool, seed
             model.lm_head.weight.copy_(model.model.embed_tokens.weight)
         else:
             model.lm_head.weight.mul_(params.lm_head_scale)
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    model.to(torch.bfloat16).save_pretrained(str(out), safe_serialization=True)
-    return state
+    embed = model.model.embed_tokens.weight.detach().to("cpu", torch.float32).clone()
+    model.to("cpu", torch.bfloat16).save_pretrained(str(out), safe_serialization=True)
+    return embed
 
 
 def draft_state(params: FixtureParams, vocab: int, target_embed: Any, exact: bool, seed: int) -> dict[str, Any]:
@@ -240,20 +261,25 @@ def generate(params: FixtureParams | None = None, root: Path | None = None, *, q
     try:
         tokdir = tmp / "tokenizer"
         vocab = build_tokenizer(tokdir, params)
+        pairs = {k: v for k, v in PAIRS.items() if params.random_pair or k != "random"}
         embed = None
         for name, exact, seed in (("target-exact", True, params.seed), ("target-random", False, params.seed + 1)):
+            if not exact and not params.random_pair:
+                continue
             if not quiet:
-                print(f"fixtures: writing {name} (H={params.hidden}, L={params.layers}, V={vocab})", file=sys.stderr)
-            state = build_target(tmp / name, params, vocab, exact, seed)
+                print(f"fixtures: writing {name} (H={params.hidden}, L={params.layers}, V={vocab}, "
+                      f"on {params.device})", file=sys.stderr)
+            target_embed = build_target(tmp / name, params, vocab, exact, seed)
             if exact:
-                embed = state["model.embed_tokens.weight"]
+                embed = target_embed
         assert embed is not None
         build_draft(tmp / "draft-exact", params, vocab, embed, True, params.seed + 2)
-        build_draft(tmp / "draft-random", params, vocab, embed, False, params.seed + 3)
-        for name in ("target-exact", "target-random", "draft-exact", "draft-random"):
+        if params.random_pair:
+            build_draft(tmp / "draft-random", params, vocab, embed, False, params.seed + 3)
+        for name in (n for pair in pairs.values() for n in pair):
             for f in tokdir.iterdir():
                 shutil.copy2(f, tmp / name / f.name)
-        manifest = {"params": dataclasses.asdict(params), "key": params.key(), "vocab": vocab, "pairs": PAIRS}
+        manifest = {"params": dataclasses.asdict(params), "key": params.key(), "vocab": vocab, "pairs": pairs}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         (tmp / DONE).write_text("ok\n")
         if dest.exists():  # a half-written folder from an interrupted run
@@ -269,18 +295,27 @@ def main(argv: list[str] | None = None) -> int:
     d = FixtureParams()
     ap = argparse.ArgumentParser(prog="python -m bench.fixtures", description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", type=Path, default=None, help=f"cache root (default $SGL_FIXTURE_DIR or {DEFAULT_ROOT})")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
+                    help="starting parameters, changed by the options below (default %(default)s)")
     for f in dataclasses.fields(FixtureParams):
-        ap.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(d, f.name)), default=getattr(d, f.name))
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(getattr(d, f.name), bool):
+            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+        else:
+            ap.add_argument(flag, type=type(getattr(d, f.name)), default=None)
     ap.add_argument("--json", action="store_true", help="print the model paths as JSON")
     args = ap.parse_args(argv)
-    params = FixtureParams(**{f.name: getattr(args, f.name) for f in dataclasses.fields(FixtureParams)})
+    changed = {f.name: getattr(args, f.name) for f in dataclasses.fields(FixtureParams)
+               if getattr(args, f.name) is not None}
+    params = dataclasses.replace(PRESETS[args.preset], **changed)
     try:
         fx = generate(params, args.root)
     except (OSError, ImportError, FixtureError) as e:
         print(f"fixtures: error: {e}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({k: {"target": str(fx.pair(k)[0]), "draft": str(fx.pair(k)[1])} for k in PAIRS}))
+        kinds = [k for k in PAIRS if params.random_pair or k != "random"]
+        print(json.dumps({k: {"target": str(fx.pair(k)[0]), "draft": str(fx.pair(k)[1])} for k in kinds}))
     else:
         print(fx.root)
     return 0

@@ -116,3 +116,40 @@ def test_cli_prints_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert fixtures.main(argv) == 0
     paths = json.loads(capsys.readouterr().out)
     assert Path(paths["exact"]["target"]).is_dir() and Path(paths["random"]["draft"]).is_dir()
+    # the CLI's parameters are the tiny preset's: same folder as generate() with those values
+    assert Path(paths["exact"]["target"]).parent.name == SMALL.key()
+
+
+def test_exact_only_set_has_the_same_exact_pair(fx: fixtures.Fixtures, tmp_path: Path) -> None:
+    import dataclasses
+
+    only = fixtures.generate(dataclasses.replace(SMALL, random_pair=False), tmp_path, quiet=True)
+    assert sorted(p.name for p in only.root.iterdir() if p.is_dir()) == ["draft-exact", "target-exact", "tokenizer"]
+    for name in ("target-exact", "draft-exact"):
+        assert _digest(only.path(name)) == _digest(fx.path(name)), name
+    with pytest.raises(fixtures.FixtureError, match="no random pair"):
+        only.pair("random")
+
+
+def test_gpu_bound_preset_from_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    preset = fixtures.PRESETS["gpu-bound"]
+    assert preset.hidden % preset.heads == 0 and preset.heads % preset.kv_heads == 0
+    assert preset.device == "cuda" and not preset.random_pair
+    # The preset's other fields, shrunk and drawn on CPU here: only the exact pair is written.
+    argv = ["--root", str(tmp_path), "--preset", "gpu-bound", "--hidden", "64", "--layers", "2", "--heads", "4",
+            "--kv-heads", "2", "--intermediate", "128", "--vocab", "512", "--max-positions", "512",
+            "--device", "cpu", "--json"]
+    assert fixtures.main(argv) == 0
+    assert list(json.loads(capsys.readouterr().out)) == ["exact"]
+
+
+def test_unavailable_device_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    argv = ["--root", str(tmp_path), "--preset", "gpu-bound", "--hidden", "64", "--layers", "2", "--heads", "4",
+            "--kv-heads", "2", "--intermediate", "128", "--vocab", "512", "--max-positions", "512"]
+    assert fixtures.main(argv) == 1
+    assert "fixture device 'cuda' is not available here" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # nothing half-written
