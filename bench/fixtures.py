@@ -282,6 +282,9 @@ def generate(params: FixtureParams | None = None, root: Path | None = None, *, q
         manifest = {"params": dataclasses.asdict(params), "key": params.key(), "vocab": vocab, "pairs": pairs}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         (tmp / DONE).write_text("ok\n")
+        if (dest / DONE).is_file():  # another process (a parallel sweep) finished first: use its set
+            shutil.rmtree(tmp, ignore_errors=True)
+            return Fixtures(dest)
         if dest.exists():  # a half-written folder from an interrupted run
             shutil.rmtree(dest)
         os.replace(tmp, dest)

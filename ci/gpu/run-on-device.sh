@@ -57,6 +57,9 @@ case "$mode" in
     rc=${PIPESTATUS[0]} ;;
   bench-per-gpu)
     # Each sweep must hold its own baselines: ratios compare configs of one sweep only.
+    case "$*" in
+      *gpu-bound*) python3 -m bench.fixtures --preset gpu-bound || { log "gpu-bound fixtures failed"; exit 2; } ;;
+    esac
     pids=()
     for i in $(seq 0 $(( $# - 1 ))); do
       args="${@:$(( i + 1 )):1}"

@@ -153,3 +153,27 @@ def test_unavailable_device_is_a_clear_error(tmp_path: Path, capsys: pytest.Capt
     assert fixtures.main(argv) == 1
     assert "fixture device 'cuda' is not available here" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+def test_a_set_finished_meanwhile_by_another_process_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two sweeps generating the same set at once: the later one must not pull the first one's
+    files from under its running server."""
+    import dataclasses
+
+    params = dataclasses.replace(SMALL, random_pair=False)
+    real_build_draft = fixtures.build_draft
+    other: list[tuple[fixtures.Fixtures, int]] = []
+
+    def build_draft_while_another_finishes(*args: object, **kwargs: object) -> None:
+        if not other:
+            monkeypatch.setattr(fixtures, "build_draft", real_build_draft)
+            done = fixtures.generate(params, tmp_path, quiet=True)
+            other.append((done, (done.root / "target-exact" / "model.safetensors").stat().st_ino))
+        real_build_draft(*args, **kwargs)
+
+    monkeypatch.setattr(fixtures, "build_draft", build_draft_while_another_finishes)
+    mine = fixtures.generate(params, tmp_path, quiet=True)
+    (first, first_inode), = other
+    assert mine.root == first.root
+    assert (mine.root / "target-exact" / "model.safetensors").stat().st_ino == first_inode
+    assert [p.name for p in tmp_path.iterdir()] == [params.key()]  # no temp folder left
