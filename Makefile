@@ -24,6 +24,8 @@ BENCH_ARGS ?=
 PYTEST_ARGS ?=
 # OFFLINE=1: leave out the tool tests that fetch SGLang releases from PyPI (air-gapped GPU boxes).
 OFFLINE ?=
+# GPU_PER_PATCH=1: also run each patch's GPU tests on its prefix of the series (attribution; slow).
+GPU_PER_PATCH ?=
 
 export SGLANG_REPO
 
@@ -35,7 +37,7 @@ help: ## list targets and variables
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
 	@echo
 	@echo "variables: SGLANG_REF (default: pinned in sglang.lock) SGLANG_REPO TREE FORCE=1 ALLOW_OFFSET=1"
-	@echo "           REFS='v0.5.10 v0.5.15' (status) CHECK=1 DROP=1 (rebase) OFFLINE=1 (test) PYTHON=$(PYTHON)"
+	@echo "           REFS='v0.5.10 v0.5.15' (status) CHECK=1 DROP=1 (rebase) OFFLINE=1 GPU_PER_PATCH=1 (test) PYTHON=$(PYTHON)"
 
 apply: ## build build/sglang-<ref>: upstream base + one commit per patch (strict)
 	$(TOOL) apply $(if $(FORCE),--force) $(if $(ALLOW_OFFSET),--allow-offset)
@@ -53,7 +55,7 @@ install: ## pip install --no-deps -e <tree>/python into $(PYTHON)'s environment
 	$(TOOL) install
 
 test: ## tool tests, then each patch's declared Tests on the series up to it, then tests/gpu
-	$(TOOL) test -- $(if $(OFFLINE),-m "not network") $(PYTEST_ARGS)
+	$(TOOL) test $(if $(GPU_PER_PATCH),--gpu-per-patch) -- $(if $(OFFLINE),-m "not network") $(PYTEST_ARGS)
 
 rebase: ## port the series to SGLANG_REF=<new> (CHECK=1: report only; DROP=1: drop upstreamed)
 	@test -n "$(SGLANG_REF)" || { echo "usage: make rebase SGLANG_REF=v0.5.10 [CHECK=1] [DROP=1]"; exit 2; }

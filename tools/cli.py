@@ -101,7 +101,8 @@ def cmd_test(args: argparse.Namespace, project: Project) -> int:
     tree = _tree(args, project)
     if not tree.exists():
         raise ToolError(f"{tree} does not exist; run `make apply` first")
-    summarise(run_tests(project, tree, ref, own=not args.patches_only, extra=args.pytest_args))
+    summarise(run_tests(project, tree, ref, own=not args.patches_only, extra=args.pytest_args,
+                        gpu_per_patch=args.gpu_per_patch))
     print("test: all passed")
     return 0
 
@@ -155,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("test", help="tool tests, then each patch's Tests on the series up to it")
     t.add_argument("--patches-only", action="store_true", help="skip the tool's own tests")
+    t.add_argument("--gpu-per-patch", action="store_true",
+                   help="also run each patch's declared GPU tests on its prefix of the series (by default "
+                        "they run once, on the full series)")
     t.add_argument("pytest_args", nargs="*", help="extra arguments for the tool-test pytest run")
     t.set_defaults(func=cmd_test)
 

@@ -2,6 +2,8 @@
 applied up to and including that patch (a ``git worktree`` per patch), then tests/gpu on the full tree.
 
 A failure names the patch that broke it. A declared node id that pytest cannot find is an error.
+Declared GPU tests (under tests/gpu/) run once, in the full-tree run, unless ``gpu_per_patch``: each
+starts servers, which with a large model takes minutes, and the per-patch run would repeat them.
 """
 from __future__ import annotations
 
@@ -63,7 +65,10 @@ def patch_worktree(repo: Git, root: Path, name: str, commit: str) -> Path:
     return path
 
 
-def patch_tests(project: Project, tree: Path, ref: str) -> list[TestOutcome]:
+GPU_TESTS = "tests/gpu/"
+
+
+def patch_tests(project: Project, tree: Path, ref: str, *, gpu_per_patch: bool = False) -> list[TestOutcome]:
     repo = Git(tree)
     base, head = repo.rev(BASE_REF), repo.rev(APPLIED_REF)
     if not base or not head:
@@ -81,10 +86,13 @@ def patch_tests(project: Project, tree: Path, ref: str) -> list[TestOutcome]:
     counter = Counter(len(patches), "testing")
     for i, (sp, commit) in enumerate(zip(patches, commits), start=1):
         counter.step(sp.path.name)
-        tests = sp.patch.tests
         label = f"{sp.path.name} (series up to #{i})"
-        if not tests:
+        if not sp.patch.tests:
             out.append(TestOutcome(label, False, "declares no Tests"))
+            continue
+        tests = [t for t in sp.patch.tests if gpu_per_patch or not t.startswith(GPU_TESTS)]
+        if not tests:
+            out.append(TestOutcome(label, True, "only GPU tests: they run once on the full series"))
             continue
         wt = patch_worktree(repo, wt_root, f"{i:02d}-{sp.path.stem}", commit)
         rc = _pytest(project, ["-q", *tests], wt)
@@ -101,11 +109,12 @@ def gpu_tests(project: Project, tree: Path) -> TestOutcome | None:
     return TestOutcome("tests/gpu (full series)", ok, "" if ok else _describe(rc))
 
 
-def run_tests(project: Project, tree: Path, ref: str, *, own: bool = True, extra: list[str] | None = None) -> list[TestOutcome]:
+def run_tests(project: Project, tree: Path, ref: str, *, own: bool = True, extra: list[str] | None = None,
+              gpu_per_patch: bool = False) -> list[TestOutcome]:
     outcomes = []
     if own:
         outcomes.append(own_tests(project, extra or []))
-    outcomes.extend(patch_tests(project, tree, ref))
+    outcomes.extend(patch_tests(project, tree, ref, gpu_per_patch=gpu_per_patch))
     g = gpu_tests(project, tree)
     if g:
         outcomes.append(g)

@@ -92,6 +92,22 @@ def test_own_tests_and_gpu_stage(env: Env, capsys: pytest.CaptureFixture[str]) -
     assert "ok   tool tests" in err and "ok   tests/gpu (full series)" in err
 
 
+@pytest.mark.parametrize("per_patch", [False, True])
+def test_declared_gpu_tests_run_once_unless_asked_per_patch(env: Env, capsys: pytest.CaptureFixture[str],
+                                                             per_patch: bool) -> None:
+    setup_demo(env, " tests/patches/test_demo.py::test_x20\n tests/gpu/test_gpu.py::test_records_tree\n")
+    (env.root / "tests/gpu").mkdir()
+    (env.root / "tests/gpu/test_gpu.py").write_text(
+        "import os\nfrom pathlib import Path\n\n"
+        "def test_records_tree():\n"
+        "    with open(Path(__file__).parents[2] / 'gpu-trees.txt', 'a') as f:\n"
+        "        f.write(os.environ['SGLANG_TREE'] + '\\n')\n"
+    )
+    assert env.tool("test", "--patches-only", *(["--gpu-per-patch"] if per_patch else [])) == 0
+    trees = [Path(t).name for t in (env.root / "gpu-trees.txt").read_text().split()]
+    assert trees == (["02-no-newline", "sglang-v1.0.0"] if per_patch else ["sglang-v1.0.0"])
+
+
 def test_check_reports_every_problem(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
     env.use("exact.patch", "missing-field.patch", "fuzz.patch", "broken.patch")
     shutil.copy(DATA / "rename.patch", env.root / "patches/unused.patch")
