@@ -65,7 +65,7 @@ def parser() -> argparse.ArgumentParser:
                                  epilog="configs: " + "; ".join(f"{c.name}: {c.help}" for c in CONFIGS.values()))
     ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="comma-separated (default %(default)s)")
     ap.add_argument("--concurrency", type=_levels, default=None, help=f"levels (default {FULL_LEVELS}; --quick {QUICK_LEVELS})")
-    ap.add_argument("--num-requests", type=_positive, default=None, help="requests per level, at least the level (default 30; --quick 10)")
+    ap.add_argument("--num-requests", type=_positive, default=None, help="requests per level, at least WAVES x the level (default 30; --quick 10)")
     ap.add_argument("--waves", type=_positive, default=None,
                     help="each level sends at least WAVES x concurrency requests (default 3; --quick 1): a level "
                          "of one wave at high concurrency lasts about a second and is noise")
@@ -203,7 +203,8 @@ def run(argv: list[str]) -> int:
     if args.chat_template:
         prompts = client.apply_chat_template(prompts, model)
     results: dict[str, Any] = {"meta": {
-        "model": model, "draft_model": draft, "fixture_preset": None if args.model else args.fixture_preset, "tp": args.tp, "levels": ",".join(map(str, levels)),
+        "model": model, "draft_model": draft, "fixture_preset": None if args.model else args.fixture_preset,
+        "tp": args.tp, "levels": ",".join(map(str, levels)),
         "num_requests": args.num_requests, "waves": args.waves, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
         "prompts": str(args.prompts or client.DEFAULT_PROMPTS.name), "sglang": imported,
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "extra_flags": args.extra_flags}, "configs": {}}
