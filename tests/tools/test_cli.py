@@ -108,6 +108,15 @@ def test_declared_gpu_tests_run_once_unless_asked_per_patch(env: Env, capsys: py
     assert trees == (["02-no-newline", "sglang-v1.0.0"] if per_patch else ["sglang-v1.0.0"])
 
 
+def test_a_deferred_gpu_test_that_does_not_exist_is_still_an_error(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    setup_demo(env, " tests/patches/test_demo.py::test_x20\n tests/gpu/test_gpu.py::test_gone\n")
+    (env.root / "tests/gpu").mkdir()
+    (env.root / "tests/gpu/test_gpu.py").write_text("def test_other():\n    pass\n")
+    assert env.tool("test", "--patches-only") == 1
+    err = capsys.readouterr().err
+    assert "FAIL no-newline.patch (series up to #2): pytest" in err and "declared node id" in err
+
+
 def test_check_reports_every_problem(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
     env.use("exact.patch", "missing-field.patch", "fuzz.patch", "broken.patch")
     shutil.copy(DATA / "rename.patch", env.root / "patches/unused.patch")
