@@ -67,6 +67,11 @@ PRESETS = {
 }
 
 
+def pairs_of(params: FixtureParams) -> dict[str, tuple[str, str]]:
+    """The (target, draft) pairs a set generated with these parameters holds."""
+    return {k: v for k, v in PAIRS.items() if params.random_pair or k != "random"}
+
+
 @dataclass(frozen=True)
 class Fixtures:
     root: Path
@@ -261,7 +266,7 @@ def generate(params: FixtureParams | None = None, root: Path | None = None, *, q
     try:
         tokdir = tmp / "tokenizer"
         vocab = build_tokenizer(tokdir, params)
-        pairs = {k: v for k, v in PAIRS.items() if params.random_pair or k != "random"}
+        pairs = pairs_of(params)
         embed = None
         for name, exact, seed in (("target-exact", True, params.seed), ("target-random", False, params.seed + 1)):
             if not exact and not params.random_pair:
@@ -317,8 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fixtures: error: {e}", file=sys.stderr)
         return 1
     if args.json:
-        kinds = [k for k in PAIRS if params.random_pair or k != "random"]
-        print(json.dumps({k: {"target": str(fx.pair(k)[0]), "draft": str(fx.pair(k)[1])} for k in kinds}))
+        print(json.dumps({k: {"target": str(fx.pair(k)[0]), "draft": str(fx.pair(k)[1])} for k in pairs_of(params)}))
     else:
         print(fx.root)
     return 0

@@ -86,12 +86,9 @@ def _edited_since_sync(repo: Git, base: str, project: Project, series_names: lis
     if not synced or not repo.is_ancestor(base, synced):
         return []
     commits = repo.commits(base, synced)
-    edited = []
-    for c, name in zip(commits, _match_names(repo, commits, series_names, project)):
-        path = project.patches_dir / name if name else None
-        if path and path.is_file() and path.read_bytes() != export_commit(repo, c).encode("utf-8", "surrogateescape"):
-            edited.append(name)
-    return edited
+    on_disk = [(c, project.patches_dir / n) for c, n in zip(commits, _match_names(repo, commits, series_names, project))
+               if n and (project.patches_dir / n).is_file()]
+    return reexport_diff(repo, [c for c, _ in on_disk], [p for _, p in on_disk])
 
 
 def export_tree(project: Project, tree: Path, force: bool = False) -> ExportOutcome:
