@@ -69,7 +69,7 @@ def _fallback(batch, sampled):
     req_to_token = batch.req_to_token_pool.req_to_token
     entry = prepare_plain_decode_v2(mwb, req_to_token)
     result = GenerationBatchResult(next_token_ids=torch.tensor(sampled, dtype=torch.int64))
-    returned = finish_plain_decode_v2(result, entry[0], NUM_DRAFT_TOKENS)
+    returned = finish_plain_decode_v2(result, entry, NUM_DRAFT_TOKENS)
     return mwb, entry, result, returned
 
 
@@ -97,7 +97,7 @@ def test_fallback_is_a_plain_decode_on_the_reserved_slots(env):
     assert [r.kv_allocated_len for r in reqs] == allocated
     assert batch.token_to_kv_pool_allocator.available_size() == free
     # The scheduler's own tensors are untouched (overlap: it still holds them).
-    assert torch.equal(batch.seq_lens, s) and torch.equal(entry[0], s)
+    assert torch.equal(batch.seq_lens, s) and torch.equal(entry.seq_lens, s)
 
 
 def test_fallback_result_has_the_verify_layout(env):
@@ -118,6 +118,33 @@ def test_fallback_result_has_the_verify_layout(env):
     assert torch.equal(draft_input.new_seq_lens, s + 1)
     assert draft_input.new_seq_lens.dtype == s.dtype
     assert draft_input.verify_done is not None
+
+
+def test_next_lengths_are_published_before_the_target_forward(env):
+    """The scheduler may prepare the next batch while the fallback's forward runs.
+
+    It blocks on verify_done before it reads new_seq_lens (maybe_wait_verify_done). A verify can
+    only signal after sampling; a plain decode's lengths are s + 1 whatever it samples, so
+    prepare_plain_decode_v2 publishes them before the target is launched. Signalling after the
+    forward made every fallback step wait for the GPU, as a server without overlap does.
+    """
+    batch, _ = _v2_decode_batch(env)
+    s = batch.seq_lens.clone()
+    mwb = batch.get_model_worker_batch()
+    from sglang.srt.speculative.spec_switch import prepare_plain_decode_v2
+
+    entry = prepare_plain_decode_v2(mwb, batch.req_to_token_pool.req_to_token)
+
+    published = entry.next_draft_input
+    assert published.verify_done is not None and published.verify_done.query()
+    assert torch.equal(published.new_seq_lens, s + 1)
+    # The scheduler gets its own tensor, not the one the running forward reads.
+    assert published.new_seq_lens.data_ptr() != mwb.seq_lens.data_ptr()
+    # What the overlap loop does right after launching the step; nothing of the forward is needed.
+    batch.spec_info = published
+    batch.seq_lens = published.new_seq_lens
+    batch.maybe_wait_verify_done()
+    assert batch.seq_lens.tolist() == (s + 1).tolist()
 
 
 def test_draft_sync_covers_the_verify_window_from_position_s(env):
