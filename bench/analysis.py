@@ -103,7 +103,7 @@ def best_of_ratios(switch: Mapping[int, float], *refs: Mapping[int, float]) -> d
     return dict(sorted(out.items()))
 
 
-def series(levels: Sequence[Mapping[str, Any]]) -> dict[int, float]:
-    """{concurrency: tok/s} from a config's level records (errored levels left out)."""
-    return {int(lv["concurrency"]): float(lv["tok_per_s"]) for lv in levels
-            if not lv.get("errors") and float(lv.get("tok_per_s", 0)) > 0}
+def series(levels: Sequence[Mapping[str, Any]], key: str = "tok_per_s") -> dict[int, float]:
+    """{concurrency: level[key]} from a config's level records (errored or missing ones left out)."""
+    return {int(lv["concurrency"]): float(lv[key]) for lv in levels
+            if not lv.get("errors") and float(lv.get(key) or 0) > 0}

@@ -1,7 +1,8 @@
 """`python -m bench`: throughput against concurrency for several server configurations.
 
     python -m bench [--quick] [--configs nospec,spec,switch-v1,switch-v2] [--out DIR] ...
-    python -m bench report RESULTS.json|DIR [...] [--out DIR]   # merge runs, redo table/plot/recommendation
+    python -m bench report RESULTS.json|DIR [...] [--out DIR] [--logs DIR]
+                                                   # merge runs, redo table/plot/recommendation
     python -m bench fixtures [...]                              # build the test models (bench.fixtures)
 """
 from __future__ import annotations
@@ -168,6 +169,7 @@ def run_config(cfg: Config, args: argparse.Namespace, tree: Path, model: str, dr
             _save(results, out, plot=False)
     log_text = log.read_text(errors="replace")
     entry["graph_sets"] = [dataclasses.asdict(g) for g in captured_graph_sets(log_text)]
+    report.fill_decode_rates(entry, log_text)
     ranks = parse_log(log_text)
     entry["log_counters"] = {str(r): (rl.counters.as_dict() if rl.counters else None) for r, rl in ranks.items()}
 
@@ -238,6 +240,8 @@ def report_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench report", description="merge results and redo table/plot/recommendation")
     ap.add_argument("inputs", nargs="+", type=Path, help="results.json files or folders holding one")
     ap.add_argument("--out", type=Path, default=None, help="default: the first input's folder")
+    ap.add_argument("--logs", type=Path, default=None,
+                    help="folder of server logs (<config>.log) to take decode-step rates from")
     args = ap.parse_args(argv)
     parts = []
     for p in args.inputs:
@@ -249,6 +253,13 @@ def report_main(argv: list[str]) -> int:
     out = args.out or (args.inputs[0] if args.inputs[0].is_dir() else args.inputs[0].parent)
     out.mkdir(parents=True, exist_ok=True)
     results = report.merge(*parts)
+    if args.logs:
+        missing = [n for n in results["configs"] if not (args.logs / f"{n}.log").is_file()]
+        if missing:
+            print(f"bench report: no server log for {', '.join(missing)} in {args.logs}", file=sys.stderr)
+            return 2
+        for name, c in results["configs"].items():
+            report.fill_decode_rates(c, (args.logs / f"{name}.log").read_text(errors="replace"))
     paths = _save(results, out, plot=True)
     print(report.markdown(results))
     say("wrote " + ", ".join(str(p) for p in paths.values() if p))

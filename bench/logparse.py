@@ -4,7 +4,8 @@ Tolerant of small format changes. Recognised:
 - state lines: ``spec-switch: on=<bool> spec_steps=<int> fallback_steps=<int> switches=<int>`` or
   ``spec steps: A, fallback steps: B, switches: C`` (cumulative counters);
 - events: ``speculation OFF at bs=<n>`` / ``speculation ON at bs=<n>``;
-- SGLang's ``Decode batch, #running-req: N, ... cuda graph: True|False`` lines;
+- SGLang's ``Decode batch, #running-req: N, ... cuda graph: True|False, gen throughput (token/s): T``
+  lines, and its ``Prefill batch`` lines (an interval with a prefill is not a steady decode);
 - the rank from the log prefix ``[... TP<k>]`` (rank 0 when absent);
 - Prometheus counters ``sglang:spec_switch_{spec_steps,fallback_steps,switches}_total``;
 - CUDA graph capture: ``Capture cuda graph bs [..]`` followed by ``Capture cuda graph end`` (the
@@ -24,6 +25,7 @@ _STATE_ALT = re.compile(r"spec steps:\s*(?P<spec>\d+),\s*fallback steps:\s*(?P<f
 _EVENT = re.compile(r"speculation\s+(?P<dir>OFF|ON)\s+at\s+bs\s*=\s*(?P<bs>\d+)", re.I)
 _DECODE = re.compile(r"Decode batch\b.*?#running-req:\s*(?P<bs>\d+)", re.I)
 _GRAPH = re.compile(r"cuda graph:\s*(?P<g>True|False)", re.I)
+_GEN = re.compile(r"gen throughput \(token/s\):\s*(?P<t>[\d.]+)", re.I)
 _CAPTURE_BS = re.compile(r"Capture cuda graph bs \[(?P<bs>[\d,\s]*)\]")
 _CAPTURE_END = re.compile(r"Capture (?P<plain>plain-decode )?cuda graph\b.*?\bend\b.*?Time elapsed:\s*(?P<s>[\d.]+)\s*s"
                           r".*?mem usage=\s*(?P<gb>[-\d.]+)\s*GB")
@@ -58,6 +60,10 @@ class DecodeLine:
     cuda_graph: bool | None
     spec_on: bool | None  # the switch state when the line was written (None: unknown)
     line: str
+    gen_tok_per_s: float | None = None  # over the steps since the previous decode line
+    # Those steps were all decodes at this batch size: no prefill ran since the previous decode
+    # line, which had the same batch size.
+    steady: bool = False
 
 
 @dataclass
@@ -98,7 +104,11 @@ def captured_graph_sets(text: str, rank: int = 0) -> list[GraphSet]:
 def parse_log(text: str) -> dict[int, RankLog]:
     ranks: dict[int, RankLog] = {}
     state: dict[int, bool | None] = {}
+    prefilled: set[int] = set()  # ranks that ran a prefill since their last decode line
     for line in text.splitlines():
+        if "Prefill batch" in line:
+            prefilled.add(rank_of(line))
+            continue
         if "spec" not in line.lower() and "Decode batch" not in line:
             continue
         r = rank_of(line)
@@ -120,11 +130,33 @@ def parse_log(text: str) -> dict[int, RankLog]:
         d_m = _DECODE.search(line)
         if d_m:
             g = _GRAPH.search(line)
+            t = _GEN.search(line)
             on = own_state if own_state is not None else state.get(r)
-            rl.decode.append(DecodeLine(r, int(d_m.group("bs")), _bool(g.group("g")) if g else None, on, line))
+            bs = int(d_m.group("bs"))
+            steady = bool(rl.decode) and rl.decode[-1].batch_size == bs and r not in prefilled
+            prefilled.discard(r)
+            rl.decode.append(DecodeLine(r, bs, _bool(g.group("g")) if g else None, on, line,
+                                        float(t.group("t")) if t else None, steady))
         if own_state is not None:
             state[r] = own_state
     return ranks
+
+
+def decode_throughput_by_batch_size(text: str, rank: int = 0) -> dict[int, list[float]]:
+    """The server's own decode throughput over steady intervals, grouped by batch size.
+
+    SGLang writes one decode line every few steps with the tokens per second since the previous
+    line. Only intervals of decode steps at one batch size count (no prefill, no change of size):
+    at bs = C they give the decode-step rate of a level of concurrency C without the client, the
+    HTTP stack and the level's ramp-up and tail, which dominate the wall time of short levels on
+    small models.
+    """
+    rl = parse_log(text).get(rank)
+    out: dict[int, list[float]] = {}
+    for d in rl.decode if rl else []:
+        if d.steady and d.gen_tok_per_s is not None:
+            out.setdefault(d.batch_size, []).append(d.gen_tok_per_s)
+    return out
 
 
 def parse_metrics(text: str) -> Counters | None:

@@ -3,18 +3,22 @@
 Results layout (results.json):
     {"meta": {...}, "configs": {name: {"flags": [...], "env": {...}, "compare_to": [...],
       "levels": [{"concurrency", "requests", "output_tokens", "wall_s", "tok_per_s", "errors",
-                  "counters": {"spec_steps", "fallback_steps", "switches"} | null}]}},
-     "recommendation": {...}, "ratios": {config: {concurrency: ratio}}}
+                  "counters": {"spec_steps", "fallback_steps", "switches"} | null,
+                  "decode_tok_per_s", "decode_lines"}]}},
+     "recommendation": {...}, "ratios": {config: {concurrency: ratio}},
+     "decode_ratios": {config: {concurrency: ratio}}}
 """
 from __future__ import annotations
 
 import csv
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
 from bench.analysis import best_of_ratios, recommend, series
 from bench.configs import BASELINE_NOSPEC, BASELINE_SPEC, CONFIGS
+from bench.logparse import decode_throughput_by_batch_size
 
 RATIO_TARGET = 0.95
 
@@ -32,14 +36,30 @@ def analyse(results: dict[str, Any]) -> dict[str, Any]:
                 and not any(f == "--speculative-disable-batch-size" for f in c.get("flags") or []):
             recs[name] = recommend(s[BASELINE_NOSPEC], s[name]).as_dict()
     results["recommendations"] = recs
+    results["ratios"] = _ratios(cfgs, s)
+    decode = {name: series(c.get("levels", []), "decode_tok_per_s") for name, c in cfgs.items()}
+    results["decode_ratios"] = _ratios(cfgs, {k: v for k, v in decode.items() if v})
+    return results
+
+
+def _ratios(cfgs: dict[str, Any], s: dict[str, dict[int, float]]) -> dict[str, dict[str, float]]:
+    """config / max(its compare_to configs) per level."""
     ratios: dict[str, dict[str, float]] = {}
     for name, c in cfgs.items():
         refs = c.get("compare_to") or (list(CONFIGS[name].compare_to) if name in CONFIGS else [])
         refs = [r for r in refs if r in s]
         if refs and name in s:
             ratios[name] = {str(k): v for k, v in best_of_ratios(s[name], *(s[r] for r in refs)).items()}
-    results["ratios"] = ratios
-    return results
+    return ratios
+
+
+def fill_decode_rates(config: dict[str, Any], log_text: str) -> None:
+    """Give each level the median of the server's steady decode throughput at bs = its concurrency."""
+    by_bs = decode_throughput_by_batch_size(log_text)
+    for lv in config.get("levels", []):
+        rates = by_bs.get(int(lv["concurrency"]), [])
+        lv["decode_lines"] = len(rates)
+        lv["decode_tok_per_s"] = round(statistics.median(rates), 1) if rates else None
 
 
 def merge(*parts: dict[str, Any]) -> dict[str, Any]:
@@ -61,7 +81,7 @@ def write_json(results: dict[str, Any], path: Path) -> Path:
 
 
 CSV_FIELDS = ["config", "concurrency", "requests", "output_tokens", "wall_s", "tok_per_s", "errors",
-              "spec_steps", "fallback_steps", "switches", "ratio_to_best"]
+              "spec_steps", "fallback_steps", "switches", "ratio_to_best", "decode_tok_per_s", "decode_ratio_to_best"]
 
 
 def write_csv(results: dict[str, Any], path: Path) -> Path:
@@ -73,12 +93,15 @@ def write_csv(results: dict[str, Any], path: Path) -> Path:
             for lv in c.get("levels", []):
                 cnt = lv.get("counters") or {}
                 r = ratios.get(name, {}).get(str(lv["concurrency"]))
+                dr = results.get("decode_ratios", {}).get(name, {}).get(str(lv["concurrency"]))
                 w.writerow({
                     "config": name, "concurrency": lv["concurrency"], "requests": lv.get("requests", ""),
                     "output_tokens": lv.get("output_tokens", ""), "wall_s": f"{float(lv.get('wall_s', 0)):.3f}",
                     "tok_per_s": f"{float(lv.get('tok_per_s', 0)):.1f}", "errors": len(lv.get("errors") or []),
                     "spec_steps": cnt.get("spec_steps", ""), "fallback_steps": cnt.get("fallback_steps", ""),
                     "switches": cnt.get("switches", ""), "ratio_to_best": "" if r is None else f"{r:.3f}",
+                    "decode_tok_per_s": "" if lv.get("decode_tok_per_s") is None else f"{lv['decode_tok_per_s']:.1f}",
+                    "decode_ratio_to_best": "" if dr is None else f"{dr:.3f}",
                 })
     return path
 
@@ -86,34 +109,21 @@ def write_csv(results: dict[str, Any], path: Path) -> Path:
 def markdown(results: dict[str, Any]) -> str:
     levels = levels_of(results)
     cfgs = results["configs"]
-    lines = ["| config | " + " | ".join(f"C={c}" for c in levels) + " |",
-             "|---|" + "---|" * len(levels)]
-    for name, c in cfgs.items():
-        by = {int(lv["concurrency"]): lv for lv in c.get("levels", [])}
-        cells = []
-        for lvl in levels:
-            lv = by.get(lvl)
-            if lv is None:
-                cells.append("")
-            elif lv.get("errors"):
-                cells.append(f"{float(lv['tok_per_s']):.0f} ({len(lv['errors'])} err)")
-            else:
-                cells.append(f"{float(lv['tok_per_s']):.0f}")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     rec = results.get("recommendation")
+    lines = _table(cfgs, levels, "tok_per_s", results.get("ratios", {}))
     if rec and rec.get("ratios"):
-        lines.append("| spec / nospec | " + " | ".join(
+        lines.insert(2 + len(cfgs), "| spec / nospec | " + " | ".join(
             f"{rec['ratios'][str(c)]:.2f}" if str(c) in rec["ratios"] else "" for c in levels) + " |")
-    for name, rs in results.get("ratios", {}).items():
-        refs = cfgs[name].get("compare_to") or []
-        label = f"{name} / max({', '.join(r for r in refs if r in cfgs)})"
-        lines.append(f"| {label} | " + " | ".join(
-            (f"**{rs[str(c)]:.2f}**" if rs[str(c)] < RATIO_TARGET else f"{rs[str(c)]:.2f}") if str(c) in rs else ""
-            for c in levels) + " |")
     out = ["Output tokens per second (all requests' output tokens / wall time of the level).", "", *lines, ""]
     if results.get("ratios"):
         out.append(f"Ratios below {RATIO_TARGET} are in bold.")
         out.append("")
+    if results.get("decode_ratios") or any(lv.get("decode_tok_per_s") for c in cfgs.values() for lv in c.get("levels", [])):
+        out += ["Decode-step throughput at bs = C: the median of the server's own `gen throughput` log lines "
+                "with `#running-req` = C over intervals of decode steps only (no prefill, no change of batch "
+                "size; count in brackets). It leaves out the client, the HTTP stack and the level's ramp-up "
+                "and tail, so it isolates the cost of a step.", "",
+                *_table(cfgs, levels, "decode_tok_per_s", results.get("decode_ratios", {})), ""]
     if rec:
         out.append(f"**Recommendation** ({rec['kind']}): {rec['message']}")
         if rec.get("flags"):
@@ -138,6 +148,32 @@ def markdown(results: dict[str, Any]) -> str:
         out += ["", "Start-up (server up, s) and the target's CUDA graph sets (batch sizes, capture s, GB):", ""]
         out += startup
     return "\n".join(out) + "\n"
+
+
+def _table(cfgs: dict[str, Any], levels: list[int], key: str, ratios: dict[str, dict[str, float]]) -> list[str]:
+    lines = ["| config | " + " | ".join(f"C={c}" for c in levels) + " |",
+             "|---|" + "---|" * len(levels)]
+    for name, c in cfgs.items():
+        by = {int(lv["concurrency"]): lv for lv in c.get("levels", [])}
+        cells = []
+        for lvl in levels:
+            lv = by.get(lvl)
+            if lv is None or lv.get(key) is None:
+                cells.append("")
+            elif lv.get("errors"):
+                cells.append(f"{float(lv[key]):.0f} ({len(lv['errors'])} err)")
+            elif key == "decode_tok_per_s":
+                cells.append(f"{float(lv[key]):.0f} ({lv.get('decode_lines', '?')})")
+            else:
+                cells.append(f"{float(lv[key]):.0f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for name, rs in ratios.items():
+        refs = cfgs[name].get("compare_to") or []
+        label = f"{name} / max({', '.join(r for r in refs if r in cfgs)})"
+        lines.append(f"| {label} | " + " | ".join(
+            (f"**{rs[str(c)]:.2f}**" if rs[str(c)] < RATIO_TARGET else f"{rs[str(c)]:.2f}") if str(c) in rs else ""
+            for c in levels) + " |")
+    return lines
 
 
 def startup_line(name: str, c: dict[str, Any]) -> str:

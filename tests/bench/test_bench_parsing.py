@@ -149,3 +149,43 @@ def test_waves_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         cli.main(["--waves", "0"])
     assert "--waves" in capsys.readouterr().err
+
+
+def test_steady_decode_rates_leave_out_prefill_and_size_changes() -> None:
+    """A real excerpt of a no-spec server's log (H200, gpu-bound fixture): C=10 then C=30."""
+    from bench.logparse import decode_throughput_by_batch_size
+
+    text = (Path(__file__).parent / "data" / "nospec-decode.log").read_text()
+    rates = decode_throughput_by_batch_size(text)
+    # After each pair of prefill lines the interval also holds a prefill (1399.29, 1460.55, ...);
+    # the first line has no interval of its own; the first bs=30 line follows bs=10 steps.
+    assert rates == {10: [2153.70, 2135.33, 2151.27, 2135.45, 2154.11, 2138.01, 2160.45, 2144.82, 2129.37],
+                     30: [6105.17, 6010.82]}
+    assert decode_throughput_by_batch_size(text, rank=1) == {}
+
+
+def test_report_takes_decode_rates_from_server_logs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from test_bench_analysis import _levels
+
+    res = {"meta": {}, "configs": {
+        "nospec": {"flags": [], "env": {}, "compare_to": [], "levels": _levels({10: 1900.0, 30: 4400.0})},
+        "switch-v2": {"flags": ["--speculative-algorithm", "EAGLE3", "--speculative-disable-batch-size", "4"],
+                      "env": {}, "compare_to": ["nospec"], "levels": _levels({10: 1300.0, 30: 2900.0})}}}
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "results.json").write_text(json.dumps(res))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "nospec.log").write_text((Path(__file__).parent / "data" / "nospec-decode.log").read_text())
+    assert cli.main(["report", str(tmp_path / "r"), "--logs", str(logs)]) == 2
+    assert "no server log for switch-v2" in capsys.readouterr().err
+
+    line = "[2026-11-29 20:51:13] Decode batch, #running-req: {bs}, cuda graph: True, gen throughput (token/s): {t}, #queue-req: 0\n"
+    (logs / "switch-v2.log").write_text("".join(line.format(bs=10, t=t) for t in (900.0, 1500.0, 1600.0, 1700.0)))
+    assert cli.main(["report", str(tmp_path / "r"), "--logs", str(logs)]) == 0
+    out = capsys.readouterr().out
+    got = json.loads((tmp_path / "r" / "results.json").read_text())
+    sw = {lv["concurrency"]: lv for lv in got["configs"]["switch-v2"]["levels"]}
+    assert (sw[10]["decode_tok_per_s"], sw[10]["decode_lines"]) == (1600.0, 3)
+    assert (sw[30]["decode_tok_per_s"], sw[30]["decode_lines"]) == (None, 0)
+    assert got["decode_ratios"]["switch-v2"] == {"10": pytest.approx(1600.0 / 2144.8)}  # median, rounded to 0.1
+    assert "Decode-step throughput at bs = C" in out and "| switch-v2 | 1600 (3) |  |" in out
