@@ -1,7 +1,7 @@
 #!/bin/bash
 # The command for a device `run` (lent H200), with `carry: [".gpu"]`:
-#   bash ci/gpu/run-on-device.sh test  [pytest args]   # GPU tests: pytest tests/gpu -m gpu
-#   bash ci/gpu/run-on-device.sh bench [bench args]    # python -m bench (default: --quick)
+#   bash ci/gpu/run-on-device.sh test  [pytest args]   # GPU tests: pytest tests/gpu -m gpu; server logs in $OUT/server-logs.tgz
+#   bash ci/gpu/run-on-device.sh bench [bench args]    # python -m bench (default: --quick); server logs in $OUT/bench-logs.tgz
 #   bash ci/gpu/run-on-device.sh bench-per-gpu "ARGS0" "ARGS1" ...
 #                                                     # one bench per GPU at once (CUDA_VISIBLE_DEVICES=i),
 #                                                     # $OUT/bench-<i>/results.{json,md}; log, server logs, plot in $OUT/logs-<i>.tgz
@@ -50,11 +50,20 @@ case "$mode" in
   test)
     timeout --signal=INT --kill-after=30 "$budget" python3 -m pytest tests/gpu -m gpu -rs -v -p no:cacheprovider \
       --junitxml="$OUT/junit.xml" "$@" 2>&1 | tee "$OUT/pytest.log"
-    rc=${PIPESTATUS[0]} ;;
+    rc=${PIPESTATUS[0]}
+    # At most 8 files come back; the whole suite writes more server logs than that.
+    if [ -d "$OUT/server-logs" ]; then
+      cp "$OUT/server-logs/summary.txt" "$OUT/" 2>/dev/null
+      tar czf "$OUT/server-logs.tgz" -C "$OUT" server-logs && rm -rf "$OUT/server-logs"
+    fi ;;
   bench)
     [ $# -gt 0 ] || set -- --quick
     timeout --signal=INT --kill-after=30 "$budget" python3 -m bench --out "$OUT/bench" "$@" 2>&1 | tee "$OUT/bench.log"
-    rc=${PIPESTATUS[0]} ;;
+    rc=${PIPESTATUS[0]}
+    # At most 8 files come back: keep results.json/.md, pack the server logs (which
+    # `python -m bench report DIR --logs LOGDIR` reads) and redo the CSV and plot from results.json.
+    [ -d "$OUT/bench/logs" ] && tar czf "$OUT/bench-logs.tgz" -C "$OUT/bench" logs \
+      && rm -rf "$OUT/bench/logs" "$OUT/bench/results.csv" "$OUT/bench"/*.png ;;
   bench-per-gpu)
     # Each sweep must hold its own baselines: ratios compare configs of one sweep only.
     case "$*" in
