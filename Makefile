@@ -31,7 +31,7 @@ export SGLANG_REPO
 
 TOOL = $(PYTHON) -m tools $(if $(SGLANG_REF),--ref $(SGLANG_REF)) $(if $(TREE),--tree $(TREE))
 
-.PHONY: help apply refresh check status install test rebase bench
+.PHONY: help apply refresh check status install test rebase bench bundle
 
 help: ## list targets and variables
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
@@ -64,3 +64,6 @@ rebase: ## port the series to SGLANG_REF=<new> (CHECK=1: report only; DROP=1: dr
 
 bench: ## benchmarks (the bench package)
 	$(PYTHON) -m bench $(BENCH_ARGS)
+
+bundle: check ## offline bundle for the lent H200 (.gpu) from the patched tree, stamped with the series
+	bash ci/gpu/make-bundle.sh $(TREE)

@@ -6,8 +6,8 @@
 #                                                     # one bench per GPU at once (CUDA_VISIBLE_DEVICES=i),
 #                                                     # $OUT/bench-<i>/results.{json,md}; log, server logs, plot in $OUT/logs-<i>.tgz
 #   bash ci/gpu/run-on-device.sh env                   # only set up and report the environment
-# Needs the offline bundle built here first:
-#   bash ../shared/gpu/build-bundle.sh .gpu build/sglang-v0.5.9     (+ optional ci/gpu/build-extra.sh)
+# Needs the offline bundle built here first, from the current series (refused otherwise):
+#   make bundle          (ci/gpu/make-bundle.sh; + optional ci/gpu/build-extra.sh)
 # Everything it writes goes under $OUT (device tool) or ./build/device-out.
 # DEVICE_TIMEOUT (default 560 s): the run is interrupted (SIGINT: servers stopped, results kept) before
 # the device's 10-minute limit.
@@ -20,6 +20,12 @@ log() { echo "[run-on-device] $*" | tee -a "$OUT/run-on-device.log" >&2; }
 
 [ -f .gpu/setup.sh ] || { log "no .gpu/ bundle: build it here with ../shared/gpu/build-bundle.sh .gpu <patched tree> and carry .gpu"; exit 2; }
 [ -f .gpu/tree.tar.xz ] || { log ".gpu/tree.tar.xz missing: pass the patched tree to build-bundle.sh"; exit 2; }
+stamp=$(bash ci/gpu/patches-stamp.sh)
+if [ "$(cat .gpu/patches.sha256 2>/dev/null)" != "$stamp" ] && [ -z "${ALLOW_STALE_BUNDLE:-}" ]; then
+  log "the .gpu bundle was not built from this checkout's patches (stamp $(cat .gpu/patches.sha256 2>/dev/null || echo missing), series $stamp):"
+  log "run 'make bundle' here and carry .gpu again (ALLOW_STALE_BUNDLE=1 runs it anyway)"
+  exit 2
+fi
 t0=$(date +%s)
 bash .gpu/setup.sh || { log "setup.sh failed"; exit 2; }
 extra=""
