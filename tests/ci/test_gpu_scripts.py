@@ -1,7 +1,7 @@
 """The device scripts refuse a GPU bundle built from other patches than the checkout's (CPU, fast).
 
 Runs the real ci/gpu scripts on a copy of the project's series in tmp_path, with a stand-in for the
-shared bundle builder (it needs the GPU wheels) that packs the tree as the real one does.
+shared bundle builder (it downloads the GPU wheels).
 """
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# Writes the two files run-on-device.sh looks for; what they hold is the shared builder's business.
 FAKE_BUILDER = """#!/bin/bash
 set -euo pipefail
 mkdir -p "$1"
 echo 'exit 0' > "$1/setup.sh"
-tar cJf "$1/tree.tar.xz" -C "$2" python
+tar cf "$1/tree.tar.xz" -C "$2" python
 """
 
 
