@@ -147,6 +147,62 @@ def test_next_lengths_are_published_before_the_target_forward(env):
     assert batch.seq_lens.tolist() == (s + 1).tolist()
 
 
+def test_next_batch_prepared_while_a_fallback_runs_leaves_its_slots_alone(env):
+    """Two fallback steps in the overlap loop's order, with the next batch prepared early.
+
+    The loop prepares batch k+1 once batch k has published its lengths, then processes batch
+    k-1's result. Everything that preparation writes must be disjoint from what step k still
+    reads or writes on the GPU: its KV slot at position s and the draft sync's window s..s+n-1.
+    """
+    from sglang.srt.managers.utils import GenerationBatchResult
+    from sglang.srt.speculative.spec_switch import (
+        finish_plain_decode_v2,
+        prepare_plain_decode_v2,
+    )
+
+    batch, reqs = _v2_decode_batch(env, n=3)
+    req_to_token = batch.req_to_token_pool.req_to_token
+    rows = batch.req_pool_indices
+    scheduler = _scheduler_for_output_processing()
+
+    def launch():
+        mwb = batch.get_model_worker_batch()
+        entry = prepare_plain_decode_v2(mwb, req_to_token)
+        # What the overlap loop does right after the launch; then it may prepare the next batch.
+        batch.spec_info = entry.next_draft_input
+        batch.seq_lens = entry.next_draft_input.new_seq_lens
+        return mwb, entry
+
+    def finish(entry, sampled):
+        result = GenerationBatchResult(next_token_ids=torch.tensor(sampled, dtype=torch.int64))
+        finish_plain_decode_v2(result, entry, NUM_DRAFT_TOKENS)
+        _draft_input_like_draft_extend(result, len(sampled))
+        return result
+
+    mwb1, entry1 = launch()
+    batch.prepare_for_decode()  # batch 2, while step 1 runs
+    result1 = finish(entry1, [400, 401, 402])
+    assert scheduler._resolve_spec_overlap_token_ids(result1, batch) == [[400], [401], [402]]
+
+    mwb2, entry2 = launch()
+    s2 = entry2.seq_lens.long()
+    window = torch.stack([s2 + j for j in range(NUM_DRAFT_TOKENS)], dim=1)
+    read_by_step2 = req_to_token[rows.unsqueeze(1), window].clone()
+    allocated_before = [r.kv_allocated_len for r in reqs]
+    batch.prepare_for_decode()  # batch 3, while step 2 runs: it now reserves new slots
+    assert all(r.kv_allocated_len > before for r, before in zip(reqs, allocated_before))
+    assert torch.equal(req_to_token[rows.unsqueeze(1), window], read_by_step2)
+    assert mwb2.out_cache_loc.tolist() == read_by_step2[:, 0].tolist()
+    for req, before in zip(reqs, allocated_before):
+        new_slots = req_to_token[req.req_pool_idx, before : req.kv_allocated_len]
+        assert not set(new_slots.tolist()) & set(read_by_step2.flatten().tolist())
+        assert not set(new_slots.tolist()) & set(mwb1.out_cache_loc.tolist())
+
+    result2 = finish(entry2, [500, 501, 502])
+    assert scheduler._resolve_spec_overlap_token_ids(result2, batch) == [[500], [501], [502]]
+    assert [r.kv_committed_len for r in reqs] == (s2 + 1).tolist()
+
+
 def test_draft_sync_covers_the_verify_window_from_position_s(env):
     from sglang.srt.speculative.spec_switch import prepare_draft_sync_v2
 
