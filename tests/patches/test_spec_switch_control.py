@@ -83,6 +83,24 @@ def test_bad_switch_arguments_are_refused(tmp_path, overrides, message):
         _handle(tmp_path, **overrides)
 
 
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({}, 48),  # upstream: a speculative server runs at most 48 requests unless told
+        ({"speculative_disable_batch_size": 8}, None),  # left to the memory-based default
+        ({"speculative_disable_batch_size": 8, "max_running_requests": 256}, 256),
+        ({"max_running_requests": 256}, 256),
+    ],
+)
+def test_switch_lifts_the_speculative_running_request_cap(tmp_path, overrides, expected):
+    """Above the threshold the switch decodes like a plain server; a cap of 48 running
+    requests would keep it from ever batching like one."""
+    model = write_tiny_llama_config(tmp_path / "m")
+    args = make_server_args(model, speculative_draft_model_path=str(model), **overrides)
+    args._handle_speculative_decoding()
+    assert args.max_running_requests == expected
+
+
 def test_switch_arguments_are_in_help():
     import argparse
 
