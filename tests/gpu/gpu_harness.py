@@ -56,18 +56,20 @@ def tp_size() -> int:
     return int(os.environ.get("SGL_TEST_TP", "1"))
 
 
-def common_flags() -> list[str]:
+def common_flags(max_running_requests: int | None = 256) -> list[str]:
+    """max_running_requests None: leave it to the server's own default."""
+    cap = [] if max_running_requests is None else ["--max-running-requests", str(max_running_requests)]
     return base_flags() + [
-        "--enable-metrics", "--max-running-requests", "256", "--cuda-graph-max-bs", str(CUDA_GRAPH_MAX_BS),
-        "--decode-log-interval", "1",
+        "--enable-metrics", *cap, "--cuda-graph-max-bs", str(CUDA_GRAPH_MAX_BS), "--decode-log-interval", "1",
     ] + shlex.split(os.environ.get("SGL_TEST_EXTRA_FLAGS", ""))
 
 
 def switch_spec(models: Models, worker: str, tp: int, *, disable: int = DISABLE, enable: int = ENABLE,
-                extra: list[str] | None = None) -> ServerSpec:
+                extra: list[str] | None = None, max_running_requests: int | None = 256) -> ServerSpec:
     flags, env = WORKERS[worker]
     sw = ["--speculative-disable-batch-size", str(disable), "--speculative-enable-batch-size", str(enable)]
-    return ServerSpec(models.target, models.draft, tp, common_flags() + flags + sw + (extra or []), dict(env))
+    return ServerSpec(models.target, models.draft, tp, common_flags(max_running_requests) + flags + sw + (extra or []),
+                      dict(env))
 
 
 def nospec_spec(models: Models, tp: int) -> ServerSpec:

@@ -119,6 +119,28 @@ def test_graph_sets_cover_only_their_batch_sizes(ctx: dict[str, Any], worker: st
     assert decode.sizes[0] > H.ENABLE, f"plain-decode graphs {decode.sizes} should start above {H.ENABLE}"
 
 
+SPECULATIVE_REQUEST_CAP = 48  # SGLang 0.5.9's max_running_requests for EAGLE servers left unset
+
+
+def test_switch_server_batches_beyond_the_speculative_cap(ctx: dict[str, Any]) -> None:
+    """Without --max-running-requests a speculative server runs at most 48 requests; with the switch
+    its fallback batches like a plain server (0003)."""
+    models = H.models_for("exact", ctx["fx"])
+    spec = H.switch_spec(models, "v1", H.tp_size(), max_running_requests=None)
+    concurrency = 2 * SPECULATIVE_REQUEST_CAP
+    prompts = [p for g in ctx["groups"] for p in g][:concurrency]
+    run = _once("v1-exact-uncapped", lambda: H.run_server("switch-v1-exact-uncapped", spec, ctx["tree"], ctx["logs"],
+                                                          [prompts], H.GREEDY))
+    assert not run.errors, f"{len(run.errors)} request(s) failed, first: {run.errors[0]}\nlog: {run.log_path}"
+    rl = H.parse_log(run.log_text).get(0)
+    largest = max((d.batch_size for d in rl.decode), default=0) if rl else 0
+    SUMMARY.append(f"[v1 exact uncapped] {len(run.results)} requests at concurrency {concurrency}, no "
+                   f"--max-running-requests: largest decode batch {largest}")
+    assert largest > SPECULATIVE_REQUEST_CAP, (
+        f"the largest decode batch was {largest}: the speculative cap of {SPECULATIVE_REQUEST_CAP} still applies "
+        f"({run.log_path})")
+
+
 @pytest.mark.gpus(2)
 def test_tp2_ranks_agree(ctx: dict[str, Any]) -> None:
     models = H.models_for("exact", ctx["fx"])
