@@ -124,7 +124,7 @@ SPECULATIVE_REQUEST_CAP = 48  # SGLang 0.5.9's max_running_requests for EAGLE se
 
 def test_switch_server_batches_beyond_the_speculative_cap(ctx: dict[str, Any]) -> None:
     """Without --max-running-requests a speculative server runs at most 48 requests; with the switch
-    its fallback batches like a plain server (0003)."""
+    the cap is the CUDA graph limit (64 here), so its fallback batches like a plain server (0003)."""
     models = H.models_for("exact", ctx["fx"])
     spec = H.switch_spec(models, "v1", H.tp_size(), max_running_requests=None)
     concurrency = 2 * SPECULATIVE_REQUEST_CAP

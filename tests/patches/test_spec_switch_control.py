@@ -87,17 +87,21 @@ def test_bad_switch_arguments_are_refused(tmp_path, overrides, message):
     "overrides, expected",
     [
         ({}, 48),  # upstream: a speculative server runs at most 48 requests unless told
-        ({"speculative_disable_batch_size": 8}, None),  # left to the memory-based default
-        ({"speculative_disable_batch_size": 8, "max_running_requests": 256}, 256),
-        ({"max_running_requests": 256}, 256),
+        ({"speculative_disable_batch_size": 8}, 256),  # the largest CUDA graph
+        ({"speculative_disable_batch_size": 8, "cuda_graph_max_bs": 16}, 48),  # never below upstream's
+        ({"speculative_disable_batch_size": 8, "max_running_requests": 100}, 100),
+        ({"max_running_requests": 100}, 100),
     ],
 )
 def test_switch_lifts_the_speculative_running_request_cap(tmp_path, overrides, expected):
     """Above the threshold the switch decodes like a plain server; a cap of 48 running
     requests would keep it from ever batching like one."""
     model = write_tiny_llama_config(tmp_path / "m")
-    args = make_server_args(model, speculative_draft_model_path=str(model), **overrides)
+    args = make_server_args(
+        model, speculative_draft_model_path=str(model), **{"cuda_graph_max_bs": 256, **overrides}
+    )
     args._handle_speculative_decoding()
+    args._handle_speculative_switch()
     assert args.max_running_requests == expected
 
 
