@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import client, report
+from bench import client, profile, report
 from bench.analysis import hysteresis
 from bench.configs import BASELINE_NOSPEC, BASELINE_SPEC, CONFIGS, DEFAULT_CONFIGS, Config, parse_configs
 from bench.fixtures import FixtureError
@@ -92,6 +92,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-ignore-eos", action="store_true", help="stop at EOS (default: always generate max-new-tokens)")
     ap.add_argument("--time-budget", type=float, default=None, help="seconds; start no new config after this")
     ap.add_argument("--startup-timeout", type=float, default=900.0)
+    ap.add_argument("--profile-at", type=_positive, default=None,
+                    help="after each config's levels, profile PROFILE_STEPS decode steps of one wave at this "
+                         "concurrency (SGLang's /start_profile) and report GPU idle time and the top CPU ops")
+    ap.add_argument("--profile-steps", type=_positive, default=40, help="steps to profile (default %(default)s)")
+    ap.add_argument("--keep-traces", action="store_true", help="keep the profiler traces (OUT/profiles; large)")
     ap.add_argument("--out", type=Path, default=None, help="default build/bench/<timestamp>")
     ap.add_argument("--tree", default=None, help="patched SGLang tree (default $SGLANG_TREE or build/sglang-v0.5.9)")
     return ap
@@ -167,11 +172,30 @@ def run_config(cfg: Config, args: argparse.Namespace, tree: Path, model: str, dr
             say(("\r" if tty else "") + f"[{cfg.name}] C={c:>3} n={n:>3}: {lr.tok_per_s:9.1f} tok/s  wall {lr.wall_s:6.1f}s"
                 + (f"  counters {counters}" if counters else "") + (f"  ERRORS {len(lr.errors)}: {lr.errors[0]}" if lr.errors else ""))
             _save(results, out, plot=False)
+        if args.profile_at:
+            entry["profile"] = _profile(cfg.name, srv.url, prompts, sampling, args, out, log)
     log_text = log.read_text(errors="replace")
     entry["graph_sets"] = [dataclasses.asdict(g) for g in captured_graph_sets(log_text)]
     report.fill_decode_rates(entry, log_text)
     ranks = parse_log(log_text)
     entry["log_counters"] = {str(r): (rl.counters.as_dict() if rl.counters else None) for r, rl in ranks.items()}
+
+
+def _profile(name: str, url: str, prompts: list[str], sampling: dict[str, Any], args: argparse.Namespace,
+             out: Path, log: Path) -> dict[str, Any]:
+    c, traces = args.profile_at, out / "profiles" / name
+    try:
+        summary = profile.profile_level(url, client.prompts_for_level(prompts, c, offset=c), c, sampling,
+                                        out_dir=traces, log_path=log, num_steps=args.profile_steps)
+    except profile.ProfileError as e:
+        say(f"[{name}] profile at C={c} failed: {e}")
+        return {"concurrency": c, "error": str(e)}
+    finally:
+        if not args.keep_traces:
+            for f in traces.glob("*.trace.json*"):
+                f.unlink()
+    say(f"[{name}] profile at C={c}: GPU idle {100 * summary.gpu_idle_fraction:.0f}% of {summary.window_ms:.1f} ms")
+    return {"concurrency": c, **summary.as_dict()}
 
 
 def _save(results: dict[str, Any], out: Path, plot: bool) -> dict[str, Path | None]:

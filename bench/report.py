@@ -19,6 +19,7 @@ from typing import Any
 from bench.analysis import best_of_ratios, recommend, series
 from bench.configs import BASELINE_NOSPEC, BASELINE_SPEC, CONFIGS
 from bench.logparse import decode_throughput_by_batch_size
+from bench.profile import markdown as profile_markdown
 
 RATIO_TARGET = 0.95
 
@@ -147,6 +148,12 @@ def markdown(results: dict[str, Any]) -> str:
     if startup:
         out += ["", "Start-up (server up, s) and the target's CUDA graph sets (batch sizes, capture s, GB):", ""]
         out += startup
+    profiled = [(name, c["profile"]) for name, c in cfgs.items() if c.get("profile")]
+    if profiled:
+        out += ["", "Profiles (SGLang's torch profiler, rank 0; GPU idle = the window less the union of GPU events):", ""]
+        for name, p in profiled:
+            out += ([f"- `{name}` at C={p['concurrency']}: failed: {p['error']}"] if p.get("error")
+                    else profile_markdown(name, p["concurrency"], p))
     return "\n".join(out) + "\n"
 
 

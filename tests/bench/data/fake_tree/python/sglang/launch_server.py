@@ -1,10 +1,13 @@
-"""Fake `python -m sglang.launch_server`: /health, /generate, /metrics, /flush_cache over http.server.
+"""Fake `python -m sglang.launch_server`: /health, /generate, /metrics, /flush_cache, /start_profile.
 
 Generates `max_new_tokens` ids after a short sleep; counts spec/fallback steps by concurrency when
---speculative-disable-batch-size is given; logs spec-switch lines like the patch.
+--speculative-disable-batch-size is given; logs spec-switch lines like the patch and a decode line
+per request; /start_profile writes a small rank-0 trace (FAKE_TRACE) into the output_dir it is given.
 """
 import argparse
+import gzip
 import json
+import os
 import sys
 import threading
 import time
@@ -18,6 +21,21 @@ ap.add_argument("--speculative-disable-batch-size", type=int)
 args, _ = ap.parse_known_args()
 lock = threading.Lock()
 state = {"inflight": 0, "spec": 0, "fallback": 0, "switches": 0, "on": True}
+# A 10 ms window; two 2 ms kernels overlapping by 1 ms keep the GPU busy 3 ms of it: idle 0.7.
+FAKE_TRACE = {"traceEvents": [
+    {"ph": "X", "cat": "cpu_op", "name": "aten::index", "ts": 0, "dur": 4000, "pid": 1, "tid": 1},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "ts": 1000, "dur": 1000, "pid": 1, "tid": 1},
+    {"ph": "X", "cat": "kernel", "name": "decode_attention", "ts": 4000, "dur": 2000, "pid": 0, "tid": 7},
+    {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 5000, "dur": 2000, "pid": 0, "tid": 7},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::index", "ts": 9000, "dur": 1000, "pid": 1, "tid": 1},
+]}
+
+
+def write_trace(out_dir):
+    time.sleep(0.3)
+    os.makedirs(out_dir, exist_ok=True)
+    with gzip.open(os.path.join(out_dir, f"{time.time()}-TP-0.trace.json.gz"), "wt") as f:
+        json.dump(FAKE_TRACE, f)
 
 
 class H(BaseHTTPRequestHandler):
@@ -45,6 +63,9 @@ class H(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         if self.path == "/flush_cache":
             return self._send(200, "{}")
+        if self.path == "/start_profile":
+            threading.Thread(target=write_trace, args=(body["output_dir"],), daemon=True).start()
+            return self._send(200, "Start profiling.", "text/plain")
         n = int(body.get("sampling_params", {}).get("max_new_tokens", 16))
         with lock:
             state["inflight"] += 1
@@ -57,6 +78,8 @@ class H(BaseHTTPRequestHandler):
                     state["on"] = on
                     print(f"[fake TP0] spec-switch: speculation {'ON' if on else 'OFF'} at bs={bs}", flush=True)
                 state["spec" if on else "fallback"] += 1
+            print(f"[fake TP0] Decode batch, #running-req: {bs}, cuda graph: True, "
+                  f"gen throughput (token/s): 100.00, #queue-req: 0", flush=True)
         time.sleep(0.002 * n)
         with lock:
             state["inflight"] -= 1

@@ -1,0 +1,88 @@
+"""The profile summary: GPU idle time, outermost CPU ops, kernels; and the bench's profile pass (CPU)."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_TREE = Path(__file__).parent / "data" / "fake_tree"
+sys.path.insert(0, str(ROOT))
+
+from bench.profile import ProfileError, load_trace, summarize  # noqa: E402
+
+
+def _x(cat: str, name: str, ts: float, dur: float, tid: int = 1) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
+
+
+def test_idle_time_is_the_window_less_the_union_of_gpu_events() -> None:
+    trace = {"traceEvents": [
+        _x("cpu_op", "launch", 0, 1000),
+        _x("kernel", "a", 1000, 2000, tid=7),
+        _x("kernel", "b", 2000, 2000, tid=7),  # overlaps a by 1 ms: 3 ms busy, not 4
+        _x("gpu_memcpy", "Memcpy DtoH", 8000, 1000, tid=8),
+        _x("cpu_op", "sync", 9000, 1000),
+        {"ph": "i", "name": "instant", "ts": 50000},  # not a complete event: ignored
+    ]}
+    s = summarize(trace)
+    assert (s.window_ms, s.gpu_busy_ms, s.kernels) == (10.0, 4.0, 3)
+    assert s.gpu_idle_fraction == pytest.approx(0.6)
+
+
+def test_cpu_ops_count_at_their_outermost_level_per_thread() -> None:
+    trace = {"traceEvents": [
+        _x("cpu_op", "prepare", 0, 5000),
+        _x("cpu_op", "aten::index", 1000, 1000),  # inside prepare
+        _x("cpu_op", "aten::index", 6000, 1000),
+        _x("cpu_op", "aten::index", 500, 300, tid=2),  # another thread: outermost there
+        _x("kernel", "k", 0, 10, tid=7),
+    ]}
+    ops = {name: (ms, n) for name, ms, n in summarize(trace).top_cpu_ops}
+    assert ops == {"prepare": (5.0, 1), "aten::index": (1.3, 2)}
+
+
+def test_runtime_calls_are_ranked_apart_from_the_ops_that_make_them() -> None:
+    trace = {"traceEvents": [
+        _x("cpu_op", "aten::item", 0, 3000),
+        _x("cuda_runtime", "cudaStreamSynchronize", 100, 2800),  # the CPU waiting inside .item()
+        _x("cuda_runtime", "cudaLaunchKernel", 5000, 10),
+        _x("python_function", "scheduler.py(100): event_loop", 0, 9000),  # not a CPU op: ignored
+        _x("kernel", "k", 0, 10, tid=7),
+    ]}
+    s = summarize(trace)
+    assert s.top_runtime_calls == [("cudaStreamSynchronize", 2.8, 1), ("cudaLaunchKernel", 0.01, 1)]
+    assert s.top_cpu_ops == [("aten::item", 3.0, 1)]
+
+
+def test_traces_load_gzipped_plain_or_as_a_bare_list(tmp_path: Path) -> None:
+    events = [_x("kernel", "k", 0, 1000)]
+    (tmp_path / "a.trace.json.gz").write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+    (tmp_path / "b.trace.json").write_text(json.dumps(events))
+    for name in ("a.trace.json.gz", "b.trace.json"):
+        assert summarize(load_trace(tmp_path / name)).gpu_busy_ms == 1.0
+
+
+def test_an_empty_trace_is_an_error() -> None:
+    with pytest.raises(ProfileError, match="no complete events"):
+        summarize({"traceEvents": []})
+
+
+def test_bench_profiles_each_config_and_drops_the_traces(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "SGL_BASE_FLAGS": "", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "bench", "--tree", str(FAKE_TREE), "--model", "/fake/target", "--configs", "nospec",
+           "--concurrency", "2", "--num-requests", "2", "--max-new-tokens", "50", "--profile-at", "4",
+           "--out", str(out), "--startup-timeout", "60"]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    prof = json.loads((out / "results.json").read_text())["configs"]["nospec"]["profile"]
+    assert prof["concurrency"] == 4 and prof["gpu_idle_fraction"] == pytest.approx(0.7), prof
+    assert prof["top_cpu_ops"][0] == ["aten::index", 5.0, 2] and prof["note"] == ""
+    assert not list((out / "profiles").rglob("*.trace.json*"))
+    assert "GPU idle **70%**" in (out / "results.md").read_text()
