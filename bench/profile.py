@@ -112,7 +112,8 @@ def _decode_seen(log_path: Path, offset: int, batch_size: int) -> bool:
 
 
 def profile_level(url: str, prompts: list[str], concurrency: int, sampling: dict[str, Any], *, out_dir: Path,
-                  log_path: Path, num_steps: int = 40, wait_s: float = 120.0) -> ProfileSummary:
+                  log_path: Path, num_steps: int = 40, wait_s: float = 120.0,
+                  trace_wait_s: float = 60.0) -> ProfileSummary:
     """Profile `num_steps` steps of a level of `concurrency`, once its decode batch is full."""
     out_dir.mkdir(parents=True, exist_ok=True)
     before = set(out_dir.glob("*.trace.json*"))
@@ -121,8 +122,12 @@ def profile_level(url: str, prompts: list[str], concurrency: int, sampling: dict
     level.start()
     deadline, note = time.monotonic() + wait_s, ""
     while not _decode_seen(log_path, offset, concurrency):
-        if time.monotonic() > deadline or not level.is_alive():
-            note = f"no decode batch of {concurrency} logged; profiled whatever ran"
+        if not level.is_alive():
+            # Started now, the profiler would wait for steps that never come.
+            raise ProfileError(f"the wave ended before the server logged a decode batch of {concurrency}; "
+                               "send more tokens (--max-new-tokens)")
+        if time.monotonic() > deadline:
+            note = f"no decode batch of {concurrency} logged within {wait_s:.0f} s; profiled whatever ran"
             break
         time.sleep(0.2)
     body = {"output_dir": str(out_dir), "num_steps": num_steps, "activities": ["CPU", "GPU"],
@@ -134,13 +139,13 @@ def profile_level(url: str, prompts: list[str], concurrency: int, sampling: dict
     if r.status_code != 200:
         raise ProfileError(f"/start_profile answered HTTP {r.status_code}: {r.text[:300]}")
     level.join()
-    deadline = time.monotonic() + wait_s
+    deadline = time.monotonic() + trace_wait_s
     while True:
         new = sorted(p for p in set(out_dir.glob("*TP-0*.trace.json*")) - before)
         if new:
             return summarize(load_trace(new[-1]), note)
         if time.monotonic() > deadline:
-            raise ProfileError(f"no rank-0 trace appeared in {out_dir} within {wait_s:.0f} s "
+            raise ProfileError(f"no rank-0 trace appeared in {out_dir} within {trace_wait_s:.0f} s "
                                f"(num_steps={num_steps}: the level may have ended first; send more tokens)")
         time.sleep(0.5)
 

@@ -86,3 +86,37 @@ def test_bench_profiles_each_config_and_drops_the_traces(tmp_path: Path) -> None
     assert prof["top_cpu_ops"][0] == ["aten::index", 5.0, 2] and prof["note"] == ""
     assert not list((out / "profiles").rglob("*.trace.json*"))
     assert "GPU idle **70%**" in (out / "results.md").read_text()
+
+
+def test_a_wave_too_short_to_reach_a_full_decode_batch_is_not_profiled(tmp_path: Path) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from bench.profile import profile_level
+
+    posted: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a: object) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            posted.append(self.path)
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            body = json.dumps({"text": "", "output_ids": [], "meta_info": {"completion_tokens": 0}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        log = tmp_path / "server.log"
+        log.write_text("")  # this server never logs a decode batch
+        with pytest.raises(ProfileError, match="wave ended before"):
+            profile_level(f"http://127.0.0.1:{server.server_address[1]}", ["a", "b"], 2, {}, out_dir=tmp_path / "p",
+                          log_path=log)
+    finally:
+        server.shutdown()
+    assert posted == ["/generate", "/generate"], "the profiler must not be started"
