@@ -107,7 +107,10 @@ def summarize(trace: dict[str, Any], note: str = "") -> ProfileSummary:
 
 
 def _decode_seen(log_path: Path, offset: int, batch_size: int) -> bool:
-    text = log_path.read_text(encoding="utf-8", errors="replace")[offset:]
+    """Whether the log, from byte `offset` on, holds a decode line of `batch_size`."""
+    with log_path.open("rb") as f:
+        f.seek(offset)
+        text = f.read().decode("utf-8", errors="replace")
     return any(d.batch_size == batch_size for rl in parse_log(text).values() for d in rl.decode)
 
 
@@ -117,7 +120,7 @@ def profile_level(url: str, prompts: list[str], concurrency: int, sampling: dict
     """Profile `num_steps` steps of a level of `concurrency`, once its decode batch is full."""
     out_dir.mkdir(parents=True, exist_ok=True)
     before = set(out_dir.glob("*.trace.json*"))
-    offset = len(log_path.read_text(encoding="utf-8", errors="replace")) if log_path.exists() else 0
+    offset = log_path.stat().st_size if log_path.exists() else 0
     level = threading.Thread(target=client.run_level, args=(url, prompts, concurrency, sampling), daemon=True)
     level.start()
     deadline, note = time.monotonic() + wait_s, ""

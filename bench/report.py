@@ -111,10 +111,10 @@ def markdown(results: dict[str, Any]) -> str:
     levels = levels_of(results)
     cfgs = results["configs"]
     rec = results.get("recommendation")
-    lines = _table(cfgs, levels, "tok_per_s", results.get("ratios", {}))
-    if rec and rec.get("ratios"):
-        lines.insert(2 + len(cfgs), "| spec / nospec | " + " | ".join(
-            f"{rec['ratios'][str(c)]:.2f}" if str(c) in rec["ratios"] else "" for c in levels) + " |")
+    spec_row = ["| spec / nospec | " + " | ".join(
+        f"{rec['ratios'][str(c)]:.2f}" if str(c) in rec["ratios"] else "" for c in levels) + " |"] \
+        if rec and rec.get("ratios") else []
+    lines = _table(cfgs, levels, "tok_per_s", results.get("ratios", {}), spec_row)
     out = ["Output tokens per second (all requests' output tokens / wall time of the level).", "", *lines, ""]
     if results.get("ratios"):
         out.append(f"Ratios below {RATIO_TARGET} are in bold.")
@@ -157,7 +157,9 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _table(cfgs: dict[str, Any], levels: list[int], key: str, ratios: dict[str, dict[str, float]]) -> list[str]:
+def _table(cfgs: dict[str, Any], levels: list[int], key: str, ratios: dict[str, dict[str, float]],
+           extra_rows: list[str] | None = None) -> list[str]:
+    """One row per config, then extra_rows, then each config's ratio to its references."""
     lines = ["| config | " + " | ".join(f"C={c}" for c in levels) + " |",
              "|---|" + "---|" * len(levels)]
     for name, c in cfgs.items():
@@ -174,6 +176,7 @@ def _table(cfgs: dict[str, Any], levels: list[int], key: str, ratios: dict[str, 
             else:
                 cells.append(f"{float(lv[key]):.0f}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += extra_rows or []
     for name, rs in ratios.items():
         refs = cfgs[name].get("compare_to") or []
         label = f"{name} / max({', '.join(r for r in refs if r in cfgs)})"
