@@ -77,7 +77,8 @@ def levels_of(results: dict[str, Any]) -> list[int]:
 
 
 def write_json(results: dict[str, Any], path: Path) -> Path:
-    path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    # Not sort_keys: `bench report` draws its tables in the order the configs ran.
+    path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     return path
 
 

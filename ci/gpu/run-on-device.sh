@@ -1,7 +1,7 @@
 #!/bin/bash
 # The command for a device `run` (lent H200), with `carry: [".gpu"]`:
 #   bash ci/gpu/run-on-device.sh test  [pytest args]   # GPU tests: pytest tests/gpu -m gpu; server logs in $OUT/server-logs.tgz
-#   bash ci/gpu/run-on-device.sh bench [bench args]    # python -m bench (default: --quick); server logs in $OUT/bench-logs.tgz
+#   bash ci/gpu/run-on-device.sh bench [bench args]    # python -m bench (default: --quick); server logs (and profiles/) in $OUT/bench-logs.tgz
 #   bash ci/gpu/run-on-device.sh bench-per-gpu "ARGS0" "ARGS1" ...
 #                                                     # one bench per GPU at once (CUDA_VISIBLE_DEVICES=i),
 #                                                     # $OUT/bench-<i>/results.{json,md}; log, server logs, plot in $OUT/logs-<i>.tgz
@@ -68,8 +68,10 @@ case "$mode" in
     rc=${PIPESTATUS[0]}
     # At most 8 files come back: keep results.json/.md, pack the server logs (which
     # `python -m bench report DIR --logs LOGDIR` reads) and redo the CSV and plot from results.json.
-    [ -d "$OUT/bench/logs" ] && tar czf "$OUT/bench-logs.tgz" -C "$OUT/bench" logs \
-      && rm -rf "$OUT/bench/logs" "$OUT/bench/results.csv" "$OUT/bench"/*.png ;;
+    # profiles/ (what --profile-at leaves: --keep-traces traces) is nested too deep to come back alone.
+    packed=(logs); [ -d "$OUT/bench/profiles" ] && packed+=(profiles)
+    [ -d "$OUT/bench/logs" ] && tar czf "$OUT/bench-logs.tgz" -C "$OUT/bench" "${packed[@]}" \
+      && rm -rf "${packed[@]/#/$OUT/bench/}" "$OUT/bench/results.csv" "$OUT/bench"/*.png ;;
   bench-per-gpu)
     # Each sweep must hold its own baselines: ratios compare configs of one sweep only.
     case "$*" in

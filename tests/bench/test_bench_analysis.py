@@ -146,6 +146,14 @@ def test_writers(tmp_path: Path) -> None:
         assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_json_keeps_the_order_configs_ran_in(tmp_path: Path) -> None:
+    # `bench report` redraws the tables from results.json; they must list configs as the run did.
+    res = user_results()
+    res["configs"] = {k: res["configs"][k] for k in ("switch-v1", "spec", "nospec")}
+    path = report.write_json(res, tmp_path / "results.json")
+    assert list(json.loads(path.read_text())["configs"]) == ["switch-v1", "spec", "nospec"]
+
+
 def test_plot_is_optional(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import builtins
 
