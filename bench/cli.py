@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import client, profile, report
+from bench import client, fixtures, profile, report
 from bench.analysis import hysteresis
 from bench.configs import BASELINE_NOSPEC, BASELINE_SPEC, CONFIGS, DEFAULT_CONFIGS, Config, parse_configs
 from bench.fixtures import FixtureError
@@ -78,9 +78,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft-model", default=None, help="EAGLE-3 draft path (default: the fixture draft)")
     ap.add_argument("--fixture-pair", choices=["exact", "random"], default="exact",
                     help="fixture models when --model is not given (exact: near-100%% acceptance)")
-    ap.add_argument("--fixture-preset", choices=["tiny", "gpu-bound"], default="tiny",
+    ap.add_argument("--fixture-preset", choices=sorted(fixtures.PRESETS), default="tiny",
                     help="fixture models when --model is not given: tiny (H=512, 8 layers; the server's CPU work "
-                         "dominates a step) or gpu-bound (Llama-3-8B shape, drawn on the GPU, exact pair only)")
+                         "dominates a step), gpu-bound (Llama-3-8B shape, drawn on the GPU, exact pair only) or "
+                         "gpu-bound-deep (the same with 64 layers: the draft half as large next to it)")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--extra-flags", default="", help="extra server flags for every config (one string)")
     ap.add_argument("--max-running-requests", type=int, default=256,
@@ -220,8 +221,6 @@ def run(argv: list[str]) -> int:
     imported = check_tree(tree)
     model, draft = args.model, args.draft_model
     if model is None:
-        from bench import fixtures
-
         fx = fixtures.generate(fixtures.PRESETS[args.fixture_preset])
         t, d = fx.pair(args.fixture_pair)
         model, draft = str(t), draft or str(d)

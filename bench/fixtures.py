@@ -59,11 +59,15 @@ class FixtureParams:
 # "gpu-bound": a Llama-3-8B-shaped target (7.2B parameters, 14 GB in bf16) whose decode step on one
 # H200 takes milliseconds of GPU time, as a large model's does, where the tiny default is bound by
 # the server's per-step CPU work. Drawn on the GPU (seconds, against many minutes on CPU); exact
-# pair only, to halve the disk and time.
+# pair only, to halve the disk and time. "gpu-bound-deep" doubles its layers (14B parameters, 28 GB)
+# with the same one-layer draft: what the draft sync of a fallback step costs should then halve, as
+# it would shrink further next to a large MoE target.
+_GPU_BOUND = FixtureParams(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336,
+                           device="cuda", random_pair=False)
 PRESETS = {
     "tiny": FixtureParams(),
-    "gpu-bound": FixtureParams(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336,
-                               device="cuda", random_pair=False),
+    "gpu-bound": _GPU_BOUND,
+    "gpu-bound-deep": dataclasses.replace(_GPU_BOUND, layers=64),
 }
 
 

@@ -74,9 +74,10 @@ case "$mode" in
       && rm -rf "${packed[@]/#/$OUT/bench/}" "$OUT/bench/results.csv" "$OUT/bench"/*.png ;;
   bench-per-gpu)
     # Each sweep must hold its own baselines: ratios compare configs of one sweep only.
-    case "$*" in
-      *gpu-bound*) python3 -m bench.fixtures --preset gpu-bound || { log "gpu-bound fixtures failed"; exit 2; } ;;
-    esac
+    # Generated once here, or each sweep would draw the same large fixture at once.
+    for preset in $(printf '%s\n' "$@" | grep -o -- '--fixture-preset[ =][a-z-]*' | sed 's/.*[ =]//' | sort -u); do
+      [ "$preset" = tiny ] || python3 -m bench.fixtures --preset "$preset" || { log "$preset fixtures failed"; exit 2; }
+    done
     pids=()
     for i in $(seq 0 $(( $# - 1 ))); do
       args="${@:$(( i + 1 )):1}"

@@ -2,6 +2,7 @@
 the exact pair's construction, determinism and the cache."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -141,6 +142,20 @@ def test_gpu_bound_preset_from_the_cli(tmp_path: Path, capsys: pytest.CaptureFix
             "--device", "cpu", "--json"]
     assert fixtures.main(argv) == 0
     assert list(json.loads(capsys.readouterr().out)) == ["exact"]
+
+
+def test_deep_preset_only_doubles_the_target_depth() -> None:
+    # The draft is one layer whatever the target; the deep preset is there to halve its share.
+    base, deep = fixtures.PRESETS["gpu-bound"], fixtures.PRESETS["gpu-bound-deep"]
+    assert deep.layers == 2 * base.layers and dataclasses.replace(deep, layers=base.layers) == base
+    assert deep.key() != base.key()
+
+
+def test_bench_offers_every_fixture_preset() -> None:
+    from bench import cli
+
+    for name in fixtures.PRESETS:
+        assert cli.parser().parse_args(["--fixture-preset", name]).fixture_preset == name
 
 
 def test_unavailable_device_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
