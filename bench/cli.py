@@ -91,7 +91,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--thresholds-from", type=Path, default=None, help="results.json whose recommendation to use")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--no-ignore-eos", action="store_true", help="stop at EOS (default: always generate max-new-tokens)")
-    ap.add_argument("--time-budget", type=float, default=None, help="seconds; start no new config after this")
+    ap.add_argument("--time-budget", type=float, default=None,
+                    help="seconds; start no new config after this, or one that could not finish in what is left "
+                         "at the pace of the fastest config so far")
     ap.add_argument("--startup-timeout", type=float, default=900.0)
     ap.add_argument("--profile-at", type=_positive, default=None,
                     help="after each config's levels, profile PROFILE_STEPS decode steps of one wave at this "
@@ -235,19 +237,22 @@ def run(argv: list[str]) -> int:
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "extra_flags": args.extra_flags}, "configs": {}}
     say(f"bench: {len(cfgs)} config(s) x levels {levels}, max({args.num_requests}, {args.waves} x C) requests, "
         f"{args.max_new_tokens} new tokens -> {out}")
-    t_start, failed = time.monotonic(), []
+    t_start, failed, durations = time.monotonic(), [], []
     for i, cfg in enumerate(cfgs, 1):
-        if args.time_budget and time.monotonic() - t_start > args.time_budget:
-            say(f"[{cfg.name}] skipped: time budget of {args.time_budget:.0f}s spent")
+        skip = budget_verdict(args.time_budget, time.monotonic() - t_start, durations)
+        if skip:
+            say(f"[{cfg.name}] skipped: {skip}")
             failed.append(cfg.name)
             continue
         say(f"== config {i}/{len(cfgs)}: {cfg.name} ({cfg.help})")
+        t_cfg = time.monotonic()
         try:
             run_config(cfg, args, tree, model, draft, prompts, levels, results, out)
         except (ServerError, BenchError) as e:
             say(f"[{cfg.name}] FAILED: {e}")
             results["configs"].setdefault(cfg.name, {})["failed"] = str(e)[:2000]
             failed.append(cfg.name)
+        durations.append(time.monotonic() - t_cfg)
         _save(results, out, plot=False)
     paths = _save(results, out, plot=True)
     print(report.markdown(results))
@@ -257,6 +262,23 @@ def run(argv: list[str]) -> int:
     say("wrote " + ", ".join(str(p) for p in paths.values() if p)
         + ("" if paths["png"] else " (no plot: matplotlib is not installed; `python -m bench report` it elsewhere)"))
     return 1 if failed else 0
+
+
+def budget_verdict(budget: float | None, elapsed: float, durations: list[float]) -> str | None:
+    """Why the next config should not start, or None.
+
+    A config cut off by the caller's hard limit (the device's) leaves nothing but spent time, so one
+    that could not finish even as fast as the fastest config so far is not started.
+    """
+    if not budget:
+        return None
+    left = budget - elapsed
+    if left <= 0:
+        return f"time budget of {budget:.0f}s spent"
+    if durations and left < min(durations):
+        return (f"{left:.0f}s of the {budget:.0f}s time budget left, and no config so far took less than "
+                f"{min(durations):.0f}s")
+    return None
 
 
 def report_main(argv: list[str]) -> int:
