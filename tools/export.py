@@ -51,6 +51,14 @@ def slug(subject: str) -> str:
     return (s[:60].rstrip("-") or "patch") + ".patch"
 
 
+def _next_number(series_names: list[str]) -> int | None:
+    """The number a new patch takes when the series numbers its patches (0001-...), else None."""
+    numbers = [re.match(r"(\d{4})-", n) for n in series_names]
+    if not series_names or not all(numbers):
+        return None
+    return max(int(m.group(1)) for m in numbers if m) + 1
+
+
 @dataclass(frozen=True)
 class ExportOutcome:
     written: tuple[str, ...]
@@ -136,9 +144,12 @@ def export_tree(project: Project, tree: Path, force: bool = False) -> ExportOutc
     written, unchanged, added = [], [], []
     taken = set(series_names) | {p.name for p in project.patches_dir.glob("*.patch")}
     project.patches_dir.mkdir(parents=True, exist_ok=True)
+    next_number = _next_number(series_names)
     for c, name, text in zip(commits, names, texts):
         if name is None:
             base_name = slug(repo.subject(c))
+            if next_number is not None:
+                base_name, next_number = f"{next_number:04d}-{base_name}", next_number + 1
             name, k = base_name, 2
             while name in taken:
                 name = base_name[: -len(".patch")] + f"-{k}.patch"

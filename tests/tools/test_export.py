@@ -51,6 +51,17 @@ def test_new_commit_becomes_new_patch_in_series(env: Env, capsys: pytest.Capture
     assert env.tool("apply") == 0
 
 
+def test_a_numbered_series_numbers_the_new_patch(env: Env) -> None:
+    env.use("exact.patch")
+    (env.root / "patches" / "exact.patch").rename(env.root / "patches" / "0007-exact.patch")
+    (env.root / "series").write_text("0007-exact.patch\n")
+    assert env.tool("apply") == 0
+    commit_in_tree(env.tree, header("Add a knob: --foo (v2)"), {"python/sglang/knob.py": "foo = 1\n"})
+    assert env.tool("refresh") == 0
+    assert (env.root / "series").read_text() == "0007-exact.patch\n0008-add-a-knob-foo-v2.patch\n"
+    assert (env.root / "patches" / "0008-add-a-knob-foo-v2.patch").is_file()
+
+
 def test_header_problems_warned_on_refresh(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
     commit_in_tree(env.tree, "Quick hack\n", {"python/sglang/hack.py": "x = 1\n"})
     assert env.tool("refresh") == 0

@@ -56,6 +56,8 @@ KNOWN_UPSTREAM_FAILURES = {
     # 0.5.10's flashinfer_comm_fusion uses create_allreduce_fusion_workspace() and the attn/moe TP
     # sizes, not trtllm_create_ipc_workspace_for_all_reduce_fusion / get_tensor_model_parallel_world_size
     "tests/patches/test_sm120.py::test_workspace_init_failure_disables_fusion": 2,
+    # 0.5.10's triton replay takes a fixed query stride for v1's DRAFT_EXTEND as well, not the accept lengths
+    "tests/patches/test_triton_draft_extend_v2.py::test_v1_draft_extend_replay_keeps_its_compacted_rows": 1,
 }
 
 
