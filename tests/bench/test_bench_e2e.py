@@ -61,3 +61,14 @@ def test_server_failure_is_reported_with_log(tmp_path: Path) -> None:
     with pytest.raises(ServerError, match="exited with"):
         srv.start(timeout=60)
     assert srv.proc is None and (tmp_path / "s.log").is_file()
+
+
+def test_time_budget_skips_a_config_that_could_not_finish() -> None:
+    from bench.cli import budget_verdict
+
+    assert budget_verdict(None, 1000.0, [10.0]) is None
+    assert budget_verdict(300.0, 100.0, []) is None  # nothing known yet: start it
+    assert budget_verdict(300.0, 100.0, [150.0, 90.0]) is None
+    assert "spent" in budget_verdict(300.0, 301.0, [])
+    why = budget_verdict(260.0, 190.0, [166.0])  # the gpu-bound-deep run that the device limit cut off
+    assert why is not None and "70s of the 260s time budget left" in why and "166s" in why
