@@ -188,4 +188,3 @@ def test_per_baseline_recommendations() -> None:
     assert v2["kind"] == "crossover" and 5 < v2["crossover"] < 10
     assert res["recommendation"]["kind"] == "never"
     assert "`spec-v2` vs nospec (crossover)" in report.markdown(res)
-
