@@ -219,7 +219,7 @@ def _create_extend_after_decode_spec_info(
         start += n
 
 
-class _Launcher:
+class Launcher:
     """`kernel[grid](*args)` calls `fn(*args)`, like a triton JIT function."""
 
     def __init__(self, fn):
@@ -288,10 +288,10 @@ def use_torch_kernels(monkeypatch) -> None:
     import sglang.srt.speculative.spec_utils as spec_utils
 
     monkeypatch.setattr(
-        spec_utils, "assign_req_to_token_pool", _Launcher(_assign_req_to_token_pool)
+        spec_utils, "assign_req_to_token_pool", Launcher(_assign_req_to_token_pool)
     )
     monkeypatch.setattr(
-        eagle_info_v2, "assign_extend_cache_locs", _Launcher(_assign_extend_cache_locs)
+        eagle_info_v2, "assign_extend_cache_locs", Launcher(_assign_extend_cache_locs)
     )
     # Take SGLang's CUDA branch of assign_extend_cache_locs_func, whose kernel is replaced above.
     monkeypatch.setattr(eagle_info_v2, "_is_cuda", True)
@@ -299,10 +299,10 @@ def use_torch_kernels(monkeypatch) -> None:
     monkeypatch.setattr(
         eagle_info,
         "create_extend_after_decode_spec_info",
-        _Launcher(_create_extend_after_decode_spec_info),
+        Launcher(_create_extend_after_decode_spec_info),
     )
     monkeypatch.setattr(
-        eagle_worker, "assign_draft_cache_locs", _Launcher(_assign_draft_cache_locs)
+        eagle_worker, "assign_draft_cache_locs", Launcher(_assign_draft_cache_locs)
     )
 
 

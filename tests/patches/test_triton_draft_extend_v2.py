@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from sglang_cpu import _Launcher, make_server_args, write_tiny_llama_config
+from sglang_cpu import Launcher, make_server_args, write_tiny_llama_config
 
 NUM_DRAFT_TOKENS = 4  # v2 runs topk 1: steps + 1 rows per request
 MAX_BS = 8
@@ -30,7 +30,7 @@ def backend(tmp_path, monkeypatch):
     from sglang.srt.layers.attention import triton_backend
 
     make_server_args(write_tiny_llama_config(tmp_path / "m"))
-    monkeypatch.setattr(triton_backend, "create_flashinfer_kv_indices_triton", _Launcher(_create_kv_indices))
+    monkeypatch.setattr(triton_backend, "create_flashinfer_kv_indices_triton", Launcher(_create_kv_indices))
     b = object.__new__(triton_backend.TritonAttnBackend)
     b.device = "cpu"
     b.speculative_num_steps = NUM_DRAFT_TOKENS - 1
