@@ -93,6 +93,9 @@ def test_roll_series_to_v0_5_10(tmp_path: Path, real_sdist: Path, monkeypatch: p
     (root / "series").write_text("".join(f"{n}\n" for n in names + ["zz-toolkit-demo.patch"]))
     if (REAL_ROOT / "tests/patches").is_dir():
         shutil.copytree(REAL_ROOT / "tests/patches", root / "tests/patches")
+    if (REAL_ROOT / "bench").is_dir():
+        # a patch test checks the benchmark's server flags against the patched parser
+        shutil.copytree(REAL_ROOT / "bench", root / "bench", ignore=shutil.ignore_patterns("__pycache__"))
     (root / "tests/patches").mkdir(parents=True, exist_ok=True)
     (root / "tests/patches/test_toolkit_demo.py").write_text(DEMO_TEST)
     declared = {n: read_patch(root / "patches" / n) for n in names}
