@@ -26,7 +26,12 @@ DISABLE, ENABLE = int(_sw[0]), int(_sw[1])
 CUDA_GRAPH_MAX_BS = int(os.environ.get("SGL_TEST_CUDA_GRAPH_MAX_BS", "64"))
 TIE_TOL = float(os.environ.get("SGL_TEST_TIE_TOL", "0.1"))  # nats below the target's best token
 STARTUP_TIMEOUT = float(os.environ.get("SGL_TEST_STARTUP_TIMEOUT", "900"))
-WORKERS: dict[str, tuple[list[str], dict[str, str]]] = {"v1": (EAGLE_V1, {}), "v2": (EAGLE_V2, dict(V2_ENV))}
+WORKERS: dict[str, tuple[list[str], dict[str, str]]] = {
+    "v1": (EAGLE_V1, {}),
+    "v2": (EAGLE_V2, dict(V2_ENV)),
+    # v2 syncing the draft once per --speculative-num-draft-tokens fallback steps (0004)
+    "v2b": (EAGLE_V2 + ["--speculative-fallback-batched-draft-sync"], dict(V2_ENV)),
+}
 GREEDY = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
 LOGS_SEEN: list[Path] = []
 SUMMARY: list[str] = []  # lines for pytest's terminal summary (and $SGL_TEST_LOG_DIR/summary.txt)

@@ -47,7 +47,7 @@ def switch_run(ctx: dict[str, Any], worker: str, pair: str) -> H.Run:
                                                           ctx["groups"], H.GREEDY))
 
 
-CASES = [pytest.param(w, p, id=f"{w}-{p}") for w in ("v1", "v2") for p in ("exact", "random")]
+CASES = [pytest.param(w, p, id=f"{w}-{p}") for w in ("v1", "v2", "v2b") for p in ("exact", "random")]
 
 
 @pytest.mark.parametrize("worker,pair", CASES)
