@@ -13,37 +13,24 @@ import types
 import pytest
 import torch
 
-from sglang_cpu import (
-    make_pools,
-    make_req,
-    make_server_args,
-    prefilled_decode_batch,
-    use_torch_kernels,
-    write_tiny_llama_config,
-)
+from test_spec_switch_v2 import NUM_DRAFT_TOKENS as N
+from test_spec_switch_v2 import _scheduler_for_output_processing, _v2_decode_batch, v2_env
 
-STEPS = 3
-N = STEPS + 1  # draft tokens per request (topk 1)
 AUX_HIDDEN = 12  # the target's captured hidden state width (EAGLE-3: three layers)
 
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
-    model_path = write_tiny_llama_config(tmp_path / "model")
-    make_server_args(
-        model_path,
-        speculative_eagle_topk=1,
-        speculative_num_steps=STEPS,
-        speculative_num_draft_tokens=N,
-        disable_overlap_schedule=False,
+    pools = v2_env(
+        tmp_path,
+        monkeypatch,
         speculative_disable_batch_size=2,
         speculative_enable_batch_size=1,
         speculative_fallback_batched_draft_sync=True,
     )
-    use_torch_kernels(monkeypatch)
     # A CUDA caching-allocator hint; CPU tensors have no streams to record.
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
-    return make_pools(model_path)
+    return pools
 
 
 def _hidden(step, i):
@@ -118,17 +105,9 @@ def _worker(env, batch):
     return w
 
 
-def _scheduler():
-    from sglang.srt.managers.scheduler import Scheduler
-
-    scheduler = object.__new__(Scheduler)
-    scheduler.draft_worker = types.SimpleNamespace(speculative_num_draft_tokens=N)
-    return scheduler
-
-
 def _decode_steps(worker, batch, steps):
     """Fallback steps in the overlap loop's order: launch, next batch, process the result."""
-    scheduler, entries = _scheduler(), []
+    scheduler, entries = _scheduler_for_output_processing(), []
     for _ in range(steps):
         mwb = batch.get_model_worker_batch()
         entries.append((mwb.seq_lens.clone(), mwb.req_pool_indices.clone()))
@@ -140,13 +119,8 @@ def _decode_steps(worker, batch, steps):
     return entries
 
 
-def _batch(env, n=3):
-    reqs = [make_req(f"r{i}", prompt_len=4 + i) for i in range(n)]
-    return prefilled_decode_batch(env, reqs, [100 + i for i in range(n)], overlap=True, topk=1), reqs
-
-
 def test_the_draft_gets_n_steps_of_rows_in_one_extend(env):
-    batch, _ = _batch(env)
+    batch, _ = _v2_decode_batch(env, n=3)
     worker = _worker(env, batch)
     entries = _decode_steps(worker, batch, steps=2 * N)
     extends = worker._draft_worker.extends
@@ -180,7 +154,7 @@ def test_the_draft_gets_n_steps_of_rows_in_one_extend(env):
 
 
 def test_speculation_waits_one_step_for_the_rows_it_is_owed(env):
-    batch, _ = _batch(env)
+    batch, _ = _v2_decode_batch(env, n=3)
     worker = _worker(env, batch)
     _decode_steps(worker, batch, steps=N + 1)  # one sync, then one row owed
     assert len(worker._draft_worker.extends) == 1
@@ -198,7 +172,7 @@ def test_speculation_waits_one_step_for_the_rows_it_is_owed(env):
 
 
 def test_a_request_that_joined_later_owes_fewer_rows(env):
-    batch, reqs = _batch(env)
+    batch, reqs = _v2_decode_batch(env, n=3)
     worker = _worker(env, batch)
     _decode_steps(worker, batch, steps=1)
     # Request 2 is prefilled anew (as after a retraction): its draft is in sync from there.
@@ -219,7 +193,7 @@ def test_without_the_flag_every_fallback_step_syncs_one_row(env):
     from sglang.srt.server_args import get_global_server_args
 
     get_global_server_args().speculative_fallback_batched_draft_sync = False
-    batch, _ = _batch(env)
+    batch, _ = _v2_decode_batch(env, n=3)
     worker = _worker(env, batch)
     worker.batched_draft_sync = None
     entries = _decode_steps(worker, batch, steps=2)

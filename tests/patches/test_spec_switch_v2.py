@@ -25,8 +25,8 @@ NUM_DRAFT_TOKENS = STEPS + 1  # topk 1: a chain of steps + 1 tokens
 NUM_REQS = 6
 
 
-@pytest.fixture
-def env(tmp_path, monkeypatch):
+def v2_env(tmp_path, monkeypatch, **server_args):
+    """Pools and global server args for an overlap-scheduled topk-1 EAGLE-3 batch."""
     model_path = write_tiny_llama_config(tmp_path / "model")
     make_server_args(
         model_path,
@@ -34,9 +34,15 @@ def env(tmp_path, monkeypatch):
         speculative_num_steps=STEPS,
         speculative_num_draft_tokens=NUM_DRAFT_TOKENS,
         disable_overlap_schedule=False,
+        **server_args,
     )
     use_torch_kernels(monkeypatch)
     return make_pools(model_path)
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    return v2_env(tmp_path, monkeypatch)
 
 
 def _v2_decode_batch(env, n=NUM_REQS):
