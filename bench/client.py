@@ -88,13 +88,17 @@ class LevelRun:
 
 def run_level(url: str, prompts: list[str], concurrency: int, sampling: dict[str, Any], *,
               extra: dict[str, Any] | None = None, timeout: float = 600.0,
-              on_done: Callable[[int, int], None] | None = None) -> LevelRun:
-    """Send every prompt, at most `concurrency` in flight (closed loop); time the whole level."""
+              on_done: Callable[[int, int], None] | None = None,
+              extra_by_prompt: dict[str, dict[str, Any]] | None = None) -> LevelRun:
+    """Send every prompt, at most `concurrency` in flight (closed loop); time the whole level.
+
+    extra_by_prompt: request fields for some prompts only, over `extra`."""
     done = [0]
     lock = threading.Lock()
+    by_prompt = extra_by_prompt or {}
 
     def one(p: str) -> Result:
-        res = generate(url, p, sampling, extra=extra, timeout=timeout)
+        res = generate(url, p, sampling, extra={**(extra or {}), **by_prompt.get(p, {})}, timeout=timeout)
         with lock:
             done[0] += 1
             if on_done:
@@ -122,6 +126,14 @@ def flush_cache(url: str) -> None:
         requests.post(url + "/flush_cache", timeout=30)
     except requests.RequestException:
         pass
+
+
+def is_healthy(url: str) -> bool:
+    """The server answers /health (its scheduler is alive)."""
+    try:
+        return requests.get(url + "/health", timeout=30).status_code == 200
+    except requests.RequestException:
+        return False
 
 
 def get_metrics(url: str) -> str:

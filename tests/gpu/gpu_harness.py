@@ -77,6 +77,12 @@ def switch_spec(models: Models, worker: str, tp: int, *, disable: int = DISABLE,
                       dict(env))
 
 
+def always_spec(models: Models, worker: str, tp: int) -> ServerSpec:
+    """The worker speculating at every batch size (no switch flags)."""
+    flags, env = WORKERS[worker]
+    return ServerSpec(models.target, models.draft, tp, common_flags() + flags, dict(env))
+
+
 def nospec_spec(models: Models, tp: int) -> ServerSpec:
     return ServerSpec(models.target, None, tp, common_flags())
 
@@ -99,6 +105,7 @@ class Run:
     log_path: Path
     metrics: Counters | None
     level_walls: list[tuple[int, float]] = field(default_factory=list)
+    healthy_after: bool = True  # /health answered once the load was served
 
     @property
     def errors(self) -> list[str]:
@@ -113,7 +120,8 @@ class Run:
 
 
 def run_server(name: str, spec: ServerSpec, tree: Path, log_dir: Path, groups: list[list[str]],
-               sampling: dict[str, Any], extra: dict[str, Any] | None = None, fixed_concurrency: int | None = None) -> Run:
+               sampling: dict[str, Any], extra: dict[str, Any] | None = None, fixed_concurrency: int | None = None,
+               extra_by_prompt: dict[str, dict[str, Any]] | None = None) -> Run:
     """Start a server, send each group with concurrency = its size (or fixed), stop it."""
     log = log_dir / f"{name}.log"
     if log.exists():
@@ -123,11 +131,13 @@ def run_server(name: str, spec: ServerSpec, tree: Path, log_dir: Path, groups: l
     walls: list[tuple[int, float]] = []
     with Server(spec, log, tree) as srv:
         for g in groups:
-            lr = client.run_level(srv.url, g, fixed_concurrency or len(g), sampling, extra=extra)
+            lr = client.run_level(srv.url, g, fixed_concurrency or len(g), sampling, extra=extra,
+                                  extra_by_prompt=extra_by_prompt)
             results.extend(lr.results)
             walls.append((len(g), lr.wall_s))
+        healthy = client.is_healthy(srv.url)
         metrics = parse_metrics(client.get_metrics(srv.url))
-    return Run(name, results, log.read_text(encoding="utf-8", errors="replace"), log, metrics, walls)
+    return Run(name, results, log.read_text(encoding="utf-8", errors="replace"), log, metrics, walls, healthy)
 
 
 def reference(name: str, models: Models, tree: Path, log_dir: Path, prompts: list[str], tp: int = 1) -> Run:
