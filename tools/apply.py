@@ -14,11 +14,11 @@ from pathlib import Path
 
 from tools.errors import ApplyError, PatchParseError, SeriesError, UnsafeTreeError
 from tools.gitutil import Git
-from tools.hunkcheck import PatchResult, TreeState, check_series
-from tools.patchfile import Patch, read_patch
+from tools.hunkcheck import HunkStatus, PatchResult, TreeState, check_series
+from tools.patchfile import Patch, read_patch, requirement_problems
 from tools.progress import Counter, say
 from tools.project import Project
-from tools.series import read_series, series_problems
+from tools.series import SeriesProblemKind, read_series, series_problems
 from tools.upstream import LockEntry, materialise, pinned_ref
 
 TREE_BRANCH = "patched"
@@ -51,27 +51,44 @@ def resolve_ref(project: Project, ref: str | None) -> str:
     return ref
 
 
-def load_patches(project: Project, *, strict_unused: bool = False) -> list[SeriesPatch]:
-    """Parse the whole series, reporting every problem at once."""
+@dataclass(frozen=True)
+class LoadedSeries:
+    patches: tuple[SeriesPatch, ...]  # the ones that parse, in series order
+    problems: tuple[str, ...]  # series, file and header problems, in the order found
+
+
+def read_series_patches(project: Project, *, strict_unused: bool = False, headers: bool = False) -> LoadedSeries:
+    """Parse the whole series and collect every problem found on the way, raising none."""
     series = read_series(project.series_path)
-    problems = []
+    problems: list[str] = []
     for p in series_problems(series, project.patches_dir):
-        if "not listed in series" in p and not strict_unused:
+        if p.kind is SeriesProblemKind.UNUSED and not strict_unused:
             say(f"warning: {p}")
         else:
-            problems.append(p)
+            problems.append(str(p))
     out = []
     for e in series.entries:
         path = project.patches_dir / e.name
         if not path.is_file():
             continue
         try:
-            out.append(SeriesPatch(path, read_patch(path, e.name)))
+            patch = read_patch(path, e.name)
         except PatchParseError as err:
             problems.append(str(err))
-    if problems:
-        raise SeriesError("\n".join(problems))
-    return out
+            continue
+        if headers:
+            problems.extend(patch.header_problems())
+        out.append(SeriesPatch(path, patch))
+    problems.extend(requirement_problems([sp.patch for sp in out], series.names))
+    return LoadedSeries(tuple(out), tuple(problems))
+
+
+def load_patches(project: Project, *, strict_unused: bool = False) -> list[SeriesPatch]:
+    """The whole series, parsed; every problem at once as one error."""
+    loaded = read_series_patches(project, strict_unused=strict_unused)
+    if loaded.problems:
+        raise SeriesError("\n".join(loaded.problems))
+    return list(loaded.patches)
 
 
 def classify(repo: Git, base: str, patches: list[Patch]) -> list[PatchResult]:
@@ -82,20 +99,20 @@ def classify(repo: Git, base: str, patches: list[Patch]) -> list[PatchResult]:
     return check_series(patches, TreeState(reader))
 
 
-def failure_report(results: list[PatchResult], ref: str, allow_offset: bool) -> str | None:
+def hunk_problems(results: list[PatchResult], allow_offset: bool) -> list[str]:
+    return [h.describe() for r in results for h in r.problems(allow_offset)]
+
+
+def failure_summary(results: list[PatchResult], ref: str, allow_offset: bool) -> str | None:
     bad = [r for r in results if r.problems(allow_offset)]
     if not bad:
         return None
-    lines = []
-    for r in bad:
-        for h in r.problems(allow_offset):
-            lines.append(h.describe())
     hint = "" if allow_offset else " (offsets are refused by default; --allow-offset accepts them)"
-    lines.append(
-        f"{len(bad)} of {len(results)} patch(es) do not apply exactly at {ref}: "
-        + ", ".join(r.patch for r in bad) + hint
+    damaged = [r.patch for r in bad if r.status is HunkStatus.DAMAGED]
+    return (
+        f"{len(bad)} of {len(results)} patch(es) do not apply exactly at {ref}: " + ", ".join(r.patch for r in bad)
+        + hint + (f"; damaged: {', '.join(damaged)}" if damaged else "")
     )
-    return "\n".join(lines)
 
 
 def tree_problems(repo: Git) -> list[str]:
@@ -195,7 +212,8 @@ def apply_series(
 ) -> ApplyOutcome:
     ref = resolve_ref(project, ref)
     tree = tree or project.tree_for(ref)
-    patches = load_patches(project)
+    loaded = read_series_patches(project)
+    patches = list(loaded.patches)
     project.build_dir.mkdir(parents=True, exist_ok=True)
     backup = None
     fresh = not tree.exists()
@@ -220,9 +238,13 @@ def apply_series(
         results = classify(repo, base, [sp.patch for sp in patches])
         for r in results:
             say(f"  {r.patch}: {r.status.value} ({r.summary()})")
-        report = failure_report(results, ref, allow_offset)
-        if report:
-            raise ApplyError(report + ("\nNo tree was created." if fresh else f"\n{tree} was not changed."))
+        problems = [*loaded.problems, *hunk_problems(results, allow_offset)]
+        if problems:
+            summary = failure_summary(results, ref, allow_offset) or f"the series has {len(loaded.problems)} problem(s)"
+            if loaded.problems and failure_summary(results, ref, allow_offset):
+                summary = f"{len(loaded.problems)} series/file problem(s); " + summary
+            raise ApplyError("\n".join([*problems, summary])
+                             + ("\nNo tree was created." if fresh else f"\n{tree} was not changed."))
         head = build_commits(repo, base, patches, scratch)
         point_tree_at(repo, ref, base, head)
         if fresh:

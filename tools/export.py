@@ -99,6 +99,23 @@ def _edited_since_sync(repo: Git, base: str, project: Project, series_names: lis
     return reexport_diff(repo, [c for c, _ in on_disk], [p for _, p in on_disk])
 
 
+def _count_hunks(text: str) -> int:
+    return sum(1 for ln in text.split("\n") if ln.startswith("@@ -"))
+
+
+def _hunk_change(on_disk: Path, export: str) -> str:
+    """What FORCE=1 would do to the file's hunks; a lost hunk is lost work."""
+    have = _count_hunks(on_disk.read_text(encoding="utf-8", errors="surrogateescape"))
+    tree = _count_hunks(export)
+    if tree < have:
+        effect = f"FORCE=1 would lose {have - tree} hunk(s)"
+    elif tree > have:
+        effect = f"FORCE=1 writes the tree's {tree}"
+    else:
+        effect = "same number of hunks; their text differs"
+    return f"the file has {have} hunk(s), the tree's commit {tree} ({effect})"
+
+
 def export_tree(project: Project, tree: Path, force: bool = False) -> ExportOutcome:
     """Write the tree's commits to patches/. Refuses (unless force) to overwrite a patch file edited
     since the last apply or refresh, which the tree does not hold."""
@@ -131,8 +148,11 @@ def export_tree(project: Project, tree: Path, force: bool = False) -> ExportOutc
         )
     edited = _edited_since_sync(repo, base, project, series_names)
     if edited and not force:
+        by_name = dict(zip(names, commits))
         raise ToolError(
             "patch files edited since the tree was last applied or refreshed: " + ", ".join(edited)
+            + "".join(f"\n  {n}: " + _hunk_change(project.patches_dir / n, export_commit(repo, by_name[n]))
+                      for n in edited if n in by_name)
             + "\nRefreshing would overwrite those edits with the tree's commits. Put the edit in the tree "
             "(a header: `git commit --amend` there; or `make apply FORCE=1` to rebuild the tree from "
             "patches/), or refresh with FORCE=1 to discard it. Nothing was written."

@@ -23,10 +23,13 @@ class HunkStatus(Enum):
     OFFSET = "offset"
     FUZZ = "fuzz"
     FAILED = "failed"
+    # Every hunk matched, but the file does not come out as the patch's index line says: hunks
+    # were lost (a truncated file) or edited by hand.
+    DAMAGED = "damaged"
 
     @property
     def rank(self) -> int:
-        return [HunkStatus.EXACT, HunkStatus.OFFSET, HunkStatus.FUZZ, HunkStatus.FAILED].index(self)
+        return list(HunkStatus).index(self)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,11 @@ class HunkResult:
 
     def describe(self) -> str:
         where = f"{self.patch}: {self.path}: hunk {self.header}"
+        if self.status is HunkStatus.DAMAGED:
+            return (
+                f"{self.patch}: {self.path}: damaged: after the patch the file has blob {self.actual}, but the "
+                f"patch's index line says {self.expected}. {self.note}"
+            )
         if self.status is HunkStatus.EXACT:
             return f"{where}: exact"
         if self.status is HunkStatus.OFFSET:
@@ -213,6 +221,30 @@ def classify_hunk(
     )
 
 
+DAMAGED_NOTE = (
+    "The patch file is damaged or was edited by hand (hunks lost or changed): restore it from git "
+    "(`git checkout patches/<name>`), or re-create it with `make refresh` from a tree that holds the whole change."
+)
+
+
+def _blob_matches(blob: str | None, text: str) -> bool | None:
+    """Whether ``text`` has the (possibly abbreviated) blob id; None when the patch names none."""
+    if not blob or set(blob) == {"0"}:
+        return None
+    return blob_id(text.encode("utf-8", "surrogateescape")).startswith(blob)
+
+
+def damaged_file(patch: str, fp: FilePatch, old_text: str | None, new_text: str) -> HunkResult | None:
+    """The patch's own record of the result (its ``index <pre>..<post>`` line), checked where it can be:
+    on the file the patch was made against. Elsewhere (a rebase onto a changed file) it cannot hold."""
+    made_against = old_text is None if fp.source is None else _blob_matches(fp.old_blob, old_text or "")
+    if not made_against or _blob_matches(fp.new_blob, new_text) is not False:
+        return None
+    got = blob_id(new_text.encode("utf-8", "surrogateescape"))
+    return HunkResult(patch, fp.path, "(whole file)", HunkStatus.DAMAGED, 0, expected=fp.new_blob, actual=got,
+                      note=DAMAGED_NOTE)
+
+
 def _file_level_failure(patch: str, fp: FilePatch, note: str) -> HunkResult:
     header = fp.hunks[0].header if fp.hunks else "(whole file)"
     return HunkResult(patch, fp.path, header, HunkStatus.FAILED, 0, note=note)
@@ -224,10 +256,12 @@ def check_file(patch: str, fp: FilePatch, state: TreeState) -> list[HunkResult]:
     if fp.source is None:  # created
         if state.get(fp.target or "") is not None:
             return [_file_level_failure(patch, fp, f"the patch creates {fp.target}, which already exists")]
-        state.set(fp.target or "", "".join(ln for h in fp.hunks for ln in h.new_lines))
-        return [HunkResult(patch, fp.path, h.header, HunkStatus.EXACT, 1) for h in fp.hunks] or [
-            HunkResult(patch, fp.path, "(new empty file)", HunkStatus.EXACT, 1)
-        ]
+        created = "".join(ln for h in fp.hunks for ln in h.new_lines)
+        state.set(fp.target or "", created)
+        damage = damaged_file(patch, fp, None, created)
+        return [HunkResult(patch, fp.path, h.header, HunkStatus.EXACT, 1) for h in fp.hunks] + (
+            [damage] if damage else []
+        ) or [HunkResult(patch, fp.path, "(new empty file)", HunkStatus.EXACT, 1)]
     text = state.get(fp.source)
     if text is None:
         return [_file_level_failure(patch, fp, f"{fp.source} does not exist in the tree")]
@@ -256,6 +290,9 @@ def check_file(patch: str, fp: FilePatch, state: TreeState) -> list[HunkResult]:
         if fp.is_rename:
             state.set(fp.source, None)
         state.set(fp.target, new_text)
+        damage = damaged_file(patch, fp, text, new_text)
+        if damage and all(r.status is HunkStatus.EXACT for r in results):
+            results.append(damage)
     if not fp.hunks:
         results.append(HunkResult(patch, fp.path, "(rename or mode change)", HunkStatus.EXACT, 1))
     return results

@@ -65,6 +65,12 @@ class FilePatch:
 
 
 @dataclass(frozen=True)
+class Supersession:
+    since: str  # the upstream release, "v0.5.11"
+    what: str  # what upstream has, "--speculative-adaptive (load-based speculation)"
+
+
+@dataclass(frozen=True)
 class Patch:
     name: str
     header: str  # everything before the diff, byte for byte (incl. the "---" separator)
@@ -87,6 +93,19 @@ class Patch:
     def upstream_status(self) -> str:
         return self.fields.get("Upstream-Status", "")
 
+    @property
+    def requires(self) -> list[str]:
+        """Earlier patches of the series this one builds on (``Requires:``, file names)."""
+        return [v for v in re.split(r"[,\s]+", self.fields.get("Requires", "")) if v]
+
+    @property
+    def superseded_by(self) -> Supersession | None:
+        """``Superseded-By: vX <what upstream now has>``: the release from which upstream serves the
+        patch's purpose its own way (the patch may still apply; a reviewer decides)."""
+        value = " ".join(self.fields.get("Superseded-By", "").split())
+        m = re.match(r"^(v\d\S*)\s+(.+)$", value)
+        return Supersession(m.group(1), m.group(2)) if m else None
+
     def missing_fields(self) -> list[str]:
         return [f for f in REQUIRED_FIELDS if not self.fields.get(f, "").strip()]
 
@@ -98,10 +117,26 @@ class Patch:
                 f"{self.name}: Upstream-Status {us!r} is not one of 'not upstream', 'submitted <URL>', "
                 "'upstream since vX', 'obsolete since vX (<why>)'"
             )
+        if self.fields.get("Superseded-By", "").strip() and self.superseded_by is None:
+            probs.append(f"{self.name}: Superseded-By must read 'vX <what upstream has>', "
+                         f"got {self.fields['Superseded-By']!r}")
         for t in self.tests:
             if "::" not in t and not t.endswith(".py"):
                 probs.append(f"{self.name}: Tests entry {t!r} is not a pytest node id (path.py::name)")
         return probs
+
+
+def requirement_problems(patches: list[Patch], series_names: list[str]) -> list[str]:
+    """Each ``Requires:`` entry must name a patch listed earlier in the series."""
+    probs = []
+    for p in patches:
+        earlier = series_names[: series_names.index(p.name)] if p.name in series_names else []
+        for need in p.requires:
+            if need not in earlier:
+                where = "later in series" if need in series_names else "not in series"
+                probs.append(f"{p.name}: Requires {need}, which is {where}; a patch can only build on "
+                             "earlier ones (reorder series or fix the header)")
+    return probs
 
 
 def _parse_mail_header(head: str) -> dict[str, str]:
@@ -168,6 +203,52 @@ def _strip(p: str) -> str | None:
     return p[2:] if p[:2] in ("a/", "b/") else p
 
 
+_HUNK_HEADER_RE = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+
+
+def locate_short_hunk(diff: str, first_lineno: int) -> str | None:
+    """Where a diff that unidiff refused runs short: the file, the hunk header, the lines.
+
+    ``first_lineno`` is the patch-file line the diff starts on, so the numbers point into the file."""
+    path, hunk, hunk_line, old_left, new_left = "?", "", 0, 0, 0
+    lines = diff.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+
+    def short(at: int) -> str:
+        return (
+            f"{path}: hunk {hunk} (line {hunk_line}) ends at line {at} with {old_left} old / {new_left} new "
+            "line(s) still to come: the patch is truncated or was edited by hand"
+        )
+
+    for i, ln in enumerate(lines):
+        lineno = first_lineno + i
+        if old_left > 0 or new_left > 0:
+            kind = ln[:1]
+            if kind in (" ", "") and not ln.startswith(("diff --git", "@@")):
+                old_left, new_left = old_left - 1, new_left - 1
+                continue
+            if kind == "-":
+                old_left -= 1
+                continue
+            if kind == "+":
+                new_left -= 1
+                continue
+            if kind == "\\":
+                continue
+            return short(lineno - 1)
+        if ln.startswith("diff --git "):
+            path = ln.split(" b/", 1)[-1]
+        m = _HUNK_HEADER_RE.match(ln)
+        if m:
+            hunk, hunk_line = ln, lineno
+            old_left = int(m.group(1) if m.group(1) is not None else 1)
+            new_left = int(m.group(2) if m.group(2) is not None else 1)
+    if old_left > 0 or new_left > 0:
+        return short(first_lineno + len(lines) - 1)
+    return None
+
+
 def parse_patch_text(text: str, name: str = "<patch>") -> Patch:
     if "\r\n" in text and all(
         ln.endswith("\r") for ln in text.split("\n")[:5] if ln
@@ -188,7 +269,8 @@ def parse_patch_text(text: str, name: str = "<patch>") -> Patch:
     try:
         ps = unidiff.PatchSet(diff)
     except unidiff.UnidiffParseError as e:
-        raise PatchParseError(f"{name}: the diff does not parse: {e}") from None
+        where = locate_short_hunk(diff, header.count("\n") + 1)
+        raise PatchParseError(f"{name}: the diff does not parse: " + (where or str(e))) from None
     files = []
     for pf in ps:
         idx = re.search(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)", str(pf.patch_info), re.M)

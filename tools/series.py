@@ -9,6 +9,7 @@ file-name prefixes (Electron's ``.patches``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 from tools.errors import SeriesError
@@ -56,36 +57,47 @@ def read_series(path: Path) -> Series:
     return Series(tuple(parse_series_text(path.read_text(encoding="utf-8"), path.name)))
 
 
-def series_problems(series: Series, patches_dir: Path) -> list[str]:
+class SeriesProblemKind(Enum):
+    DUPLICATE = "duplicate"
+    MISSING = "missing"  # listed, no file
+    UNUSED = "unused"  # a file in patches/ that series does not list
+
+
+@dataclass(frozen=True)
+class SeriesProblem:
+    kind: SeriesProblemKind
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def series_problems(series: Series, patches_dir: Path) -> list[SeriesProblem]:
     """Every way ``series`` and ``patches/`` disagree (missing, unused, duplicate)."""
     problems = []
     seen: dict[str, int] = {}
     for e in series.entries:
         if e.name in seen:
-            problems.append(
-                f"series:{e.lineno}: {e.name} is listed twice (first on line {seen[e.name]}); remove one"
-            )
+            problems.append(SeriesProblem(
+                SeriesProblemKind.DUPLICATE,
+                f"series:{e.lineno}: {e.name} is listed twice (first on line {seen[e.name]}); remove one",
+            ))
         else:
             seen[e.name] = e.lineno
         if not (patches_dir / e.name).is_file():
-            problems.append(
-                f"series:{e.lineno}: {e.name} has no file patches/{e.name}; "
-                "add the file or remove the line"
-            )
+            problems.append(SeriesProblem(
+                SeriesProblemKind.MISSING,
+                f"series:{e.lineno}: {e.name} has no file patches/{e.name}; add the file or remove the line",
+            ))
     if patches_dir.is_dir():
         for p in sorted(patches_dir.rglob("*.patch")):
             rel = p.relative_to(patches_dir).as_posix()
             if rel not in seen:
-                problems.append(
-                    f"patches/{rel} is not listed in series; add it to series or delete it"
-                )
+                problems.append(SeriesProblem(
+                    SeriesProblemKind.UNUSED,
+                    f"patches/{rel} is not listed in series; add it to series or delete it",
+                ))
     return problems
-
-
-def check_series(series: Series, patches_dir: Path) -> None:
-    problems = series_problems(series, patches_dir)
-    if problems:
-        raise SeriesError("\n".join(problems))
 
 
 def append_to_series(path: Path, names: list[str]) -> None:
@@ -94,14 +106,3 @@ def append_to_series(path: Path, names: list[str]) -> None:
         text += "\n"
     text += "".join(f"{n}\n" for n in names)
     path.write_text(text, encoding="utf-8")
-
-
-def write_series_names(path: Path, names: list[str]) -> None:
-    """Rewrite the entries keeping comment-only lines at the top (used by rebase when dropping)."""
-    text = path.read_text(encoding="utf-8") if path.exists() else ""
-    head = []
-    for line in text.splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            break
-        head.append(line)
-    path.write_text("".join(f"{h}\n" for h in head) + "".join(f"{n}\n" for n in names), encoding="utf-8")

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from tools.errors import SeriesError
-from tools.series import append_to_series, parse_series_text, read_series, series_problems
+from tools.series import SeriesProblemKind, append_to_series, parse_series_text, read_series, series_problems
 
 
 def test_parse_comments_blank_and_trailing() -> None:
@@ -27,9 +27,10 @@ def test_missing_unused_duplicate_all_reported(tmp_path: Path) -> None:
     (tmp_path / "patches" / "unused.patch").write_text("x")
     (tmp_path / "series").write_text("a.patch\nmissing.patch\na.patch\n")
     probs = series_problems(read_series(tmp_path / "series"), tmp_path / "patches")
-    assert any("series:2: missing.patch has no file patches/missing.patch" in p for p in probs)
-    assert any("series:3: a.patch is listed twice (first on line 1)" in p for p in probs)
-    assert any("patches/unused.patch is not listed in series" in p for p in probs)
+    by_kind = {p.kind: p.message for p in probs}
+    assert "series:2: missing.patch has no file patches/missing.patch" in by_kind[SeriesProblemKind.MISSING]
+    assert "series:3: a.patch is listed twice (first on line 1)" in by_kind[SeriesProblemKind.DUPLICATE]
+    assert "patches/unused.patch is not listed in series" in by_kind[SeriesProblemKind.UNUSED]
     assert len(probs) == 3
 
 
