@@ -117,16 +117,24 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def download(url: str, dest: Path, sha256: str) -> Path:
-    """Download to the cache (atomically), with progress, and verify the checksum."""
+def download(url: str, dest: Path, sha256: str, pinned_in: str | None = None) -> Path:
+    """Download to the cache (atomically), with progress, and verify the checksum.
+
+    pinned_in: the lock file the checksum comes from (None: the index's own hash), so that a
+    mismatch names both suspects."""
+    suspects = (
+        f"; {pinned_in} (field sha256) pins {sha256}. If {pinned_in} was edited, restore it "
+        f"(`git checkout {pinned_in}`) or re-pin deliberately with `--relock`"
+        if pinned_in else f", expected {sha256} (the index's hash)"
+    )
     if dest.exists():
         got = sha256_file(dest)
         if got == sha256:
             say(f"using cached {dest.name}")
             return dest
         raise UpstreamError(
-            f"cached archive {dest} has sha256 {got}, expected {sha256}: it is corrupt or was replaced. "
-            f"Delete it and run again to download it afresh."
+            f"cached archive {dest} has sha256 {got}{suspects}; if the archive is corrupt or was "
+            "replaced, delete it and run again to download it afresh."
         )
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(dest.suffix + ".part")
@@ -148,7 +156,7 @@ def download(url: str, dest: Path, sha256: str) -> Path:
     got = sha256_file(tmp)
     if got != sha256:
         tmp.unlink(missing_ok=True)
-        raise UpstreamError(f"download of {url} has sha256 {got}, expected {sha256}; not using it")
+        raise UpstreamError(f"download of {url} has sha256 {got}{suspects}; not using it")
     tmp.replace(dest)
     return dest
 
@@ -218,9 +226,10 @@ def _base_message(entry: LockEntry) -> str:
     )
 
 
-def _import_archive(project: Project, repo: Git, ref: str, dist: Dist) -> tuple[str, LockEntry]:
+def _import_archive(project: Project, repo: Git, ref: str, dist: Dist,
+                    pinned_in: str | None = None) -> tuple[str, LockEntry]:
     version = VERSION_RE.match(ref).group(1)  # type: ignore[union-attr]
-    archive = download(dist.url, project.cache_dir / "archives" / dist.filename, dist.sha256)
+    archive = download(dist.url, project.cache_dir / "archives" / dist.filename, dist.sha256, pinned_in)
     entry = LockEntry(ref=ref, source=dist.kind, url=dist.url, sha256=dist.sha256)
     say(f"importing {dist.filename} as the base of {ref}")
     with tempfile.TemporaryDirectory(prefix="sglang-src-", dir=project.cache_dir) as tmp:
@@ -229,7 +238,36 @@ def _import_archive(project: Project, repo: Git, ref: str, dist: Dist) -> tuple[
     return base, LockEntry(**{**asdict(entry), "base_commit": base})
 
 
-def _from_locked(project: Project, repo: Git, entry: LockEntry) -> str:
+def lock_problems(entry: LockEntry, repo: Git, lock_name: str) -> list[str]:
+    """Fields of a lock entry that contradict each other or the base commit built from it."""
+    probs = []
+    m = VERSION_RE.match(entry.ref)
+    if entry.source != "git":
+        filename = entry.url.rsplit("/", 1)[-1].split("#")[0]
+        if not m or not filename.startswith(f"sglang-{m.group(1)}-") and filename != f"sglang-{m.group(1)}.tar.gz":
+            probs.append(f"{lock_name}: ref {entry.ref} and url {entry.url} disagree: the url is not a release "
+                         f"archive of {entry.ref}")
+    if entry.base_commit and repo.rev(entry.base_commit):
+        recorded = dict(re.findall(r"^(URL|SHA256|Commit): (\S+)$", repo.message(entry.base_commit), re.M))
+        for key, field_name, value in (("SHA256", "sha256", entry.sha256), ("URL", "url", entry.url),
+                                       ("Commit", "commit", entry.commit)):
+            if key in recorded and recorded[key] != value:
+                probs.append(f"{lock_name}: field {field_name} is {value}, but the base commit "
+                             f"{entry.base_commit[:12]} was built from {recorded[key]}")
+    return probs
+
+
+def _check_lock(entry: LockEntry, repo: Git, lock_name: str) -> None:
+    probs = lock_problems(entry, repo, lock_name)
+    if probs:
+        raise UpstreamError(
+            "\n".join(probs) + f"\n{lock_name} was edited or damaged: restore it (`git checkout {lock_name}`), "
+            "or re-pin deliberately with `--relock`."
+        )
+
+
+def _from_locked(project: Project, repo: Git, entry: LockEntry, lock_name: str = "sglang.lock") -> str:
+    _check_lock(entry, repo, lock_name)
     if entry.source == "git":
         if entry.commit and repo.rev(entry.commit):
             return entry.commit
@@ -250,7 +288,7 @@ def _from_locked(project: Project, repo: Git, entry: LockEntry) -> str:
     if entry.base_commit and repo.rev(entry.base_commit):
         return entry.base_commit  # imported (and checksummed) before
     dist = Dist(entry.url.rsplit("/", 1)[-1].split("#")[0], entry.url, entry.sha256 or "", entry.source)
-    base, got = _import_archive(project, repo, entry.ref, dist)
+    base, got = _import_archive(project, repo, entry.ref, dist, pinned_in=lock_name)
     if entry.base_commit and base != entry.base_commit:
         raise UpstreamError(
             f"importing {dist.filename} gave base commit {base}, but sglang.lock records "
@@ -267,7 +305,9 @@ def materialise(project: Project, repo: Git, ref: str, *, relock: bool = False) 
     if entry is not None:
         if env_repo() and entry.source != "git":
             say(f"note: sglang.lock pins {entry.describe()}; SGLANG_REPO is not used (--relock to re-pin)")
-        return _from_locked(project, repo, entry), entry
+        pinned = read_lock(project.lock_path)
+        lock_name = project.lock_path.name if pinned and pinned.ref == ref else str(_seen_path(project, ref))
+        return _from_locked(project, repo, entry, lock_name), entry
     tried: list[str] = []
     for label, url in (("SGLANG_REPO", env_repo()), ("upstream remote", env_remote())):
         if not url:

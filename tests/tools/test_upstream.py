@@ -145,7 +145,7 @@ def test_checksum_mismatch_from_index(proj: Path, index: FakeIndex, capsys: pyte
     index.claimed_sha["sglang-1.0.0.tar.gz"] = "0" * 64
     assert tool(proj, "--ref", "v1.0.0", "apply") == 1
     err = capsys.readouterr().err
-    assert "expected " + "0" * 64 + "; not using it" in err
+    assert "expected " + "0" * 64 + " (the index's hash); not using it" in err
     assert not (proj / ".cache/sglang/archives/sglang-1.0.0.tar.gz").exists()
     assert not (proj / "sglang.lock").exists()
 
@@ -160,7 +160,47 @@ def test_cached_archive_replaced_disagrees_with_lock(proj: Path, index: FakeInde
     (proj / ".cache/sglang/repo").exists() and shutil.rmtree(proj / ".cache/sglang/repo")
     assert tool(proj, "apply") == 1
     err = capsys.readouterr().err
-    assert "cached archive" in err and "is corrupt or was replaced. Delete it and run again" in err
+    assert "cached archive" in err and "if the archive is corrupt or was replaced, delete it and run again" in err
+
+
+def _edit_lock(proj: Path, **fields: str) -> None:
+    lock = json.loads((proj / "sglang.lock").read_text())
+    (proj / "sglang.lock").write_text(json.dumps({**lock, **fields}, indent=2) + "\n")
+
+
+WRONG_SHA = "0" * 63 + "1"
+
+
+def test_a_wrong_sha256_in_the_lock_is_named_as_such(proj: Path, index: FakeIndex,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    assert tool(proj, "--ref", "v1.0.0", "apply") == 0
+    good = json.loads((proj / "sglang.lock").read_text())["sha256"]
+    _edit_lock(proj, sha256=WRONG_SHA)
+    # With the tree present, apply still checks the lock against the base commit it built.
+    assert tool(proj, "apply") == 1
+    err = capsys.readouterr().err
+    assert f"sglang.lock: field sha256 is {WRONG_SHA}, but the base commit" in err and good in err
+    assert "restore it (`git checkout sglang.lock`), or re-pin deliberately with `--relock`" in err
+    # Without it, the cached archive is compared with the lock: both are named.
+    shutil.rmtree(proj / "build")
+    assert tool(proj, "apply") == 1
+    err = capsys.readouterr().err
+    assert f"has sha256 {good}; sglang.lock (field sha256) pins {WRONG_SHA}" in err
+    # And a fresh download too.
+    (proj / ".cache/sglang/archives/sglang-1.0.0.tar.gz").unlink()
+    assert tool(proj, "apply") == 1
+    err = capsys.readouterr().err
+    assert f"download of {index.url}" in err and f"sglang.lock (field sha256) pins {WRONG_SHA}" in err
+
+
+def test_a_lock_whose_ref_and_url_disagree(proj: Path, index: FakeIndex, capsys: pytest.CaptureFixture[str]) -> None:
+    assert tool(proj, "--ref", "v1.0.0", "apply") == 0
+    _edit_lock(proj, ref="v1.0.99")
+    assert tool(proj, "apply") == 1
+    err = capsys.readouterr().err
+    assert "sglang.lock: ref v1.0.99 and url " in err and "sglang-1.0.0.tar.gz disagree" in err
 
 
 def test_corrupt_archive(proj: Path, index: FakeIndex, capsys: pytest.CaptureFixture[str]) -> None:
