@@ -10,6 +10,7 @@ never fuzz, 3-way on rebase, range-diff of series versions):
 * upstream - it reverse-applies, or its header declares ``upstream since vX`` with vX <= the new
   ref, or ``git am -3`` merges it to nothing;
 * merged - ``git am -3`` ported it (refreshed);
+* blocked - a patch it ``Requires:`` did not port (checked before anything else);
 * conflict - ``git am -3`` stopped: resolve in the rebase tree, or ``--abort``. The detail names
   the conflicted files and, separately, files removed upstream (that part is obsolete), files
   upstream moved (git's rename detection, or new files with a similar name) and files an earlier
@@ -50,10 +51,16 @@ class RebaseStatus(Enum):
     RESOLVED = "conflict resolved by hand"
     UPSTREAM = "already upstream"
     OBSOLETE = "obsolete"
+    BLOCKED = "blocked"  # a patch it Requires did not port
 
     @property
     def ported(self) -> bool:
         return self in (RebaseStatus.EXACT, RebaseStatus.OFFSET, RebaseStatus.MERGED, RebaseStatus.RESOLVED)
+
+    @property
+    def provides(self) -> bool:
+        """What the patch added is in the new tree (ported, or upstream has it)."""
+        return self.ported or self is RebaseStatus.UPSTREAM
 
     @property
     def droppable(self) -> bool:
@@ -344,6 +351,32 @@ def _created_by(state: State, by_name: dict[str, SeriesPatch], outcomes: list[di
     return out
 
 
+def unmet_requirements(sp: SeriesPatch, outcomes: list[dict[str, str]]) -> list[str]:
+    """The patch's Requires that did not port, with what happened to them."""
+    status = {o["name"]: RebaseStatus(o["status"]) for o in outcomes}
+    return [f"{need} ({status[need].value if need in status else 'not in the series'})"
+            for need in sp.patch.requires if need not in status or not status[need].provides]
+
+
+def superseded_note(sp: SeriesPatch, new_ref: str) -> str:
+    sup = sp.patch.superseded_by
+    since, new = (_version(sup.since), _version(new_ref)) if sup else (None, None)
+    if sup is None or since is None or new is None or since > new:
+        return ""
+    return f"upstream serves this patch's purpose since {sup.since}: {sup.what}; review whether to drop it"
+
+
+def _port_or_block(repo: Git, sp: SeriesPatch, outcomes: list[dict[str, str]], check: bool,
+                   ctx: SeriesContext) -> PatchOutcome:
+    unmet = unmet_requirements(sp, outcomes)
+    if unmet:
+        o = PatchOutcome(sp.path.name, RebaseStatus.BLOCKED, "requires " + ", ".join(unmet) + ", which did not port")
+    else:
+        o = port_one(repo, sp, check=check, ctx=ctx)
+    note = superseded_note(sp, ctx.new_ref)
+    return PatchOutcome(o.name, o.status, "; ".join(x for x in (o.detail, note) if x)) if note else o
+
+
 def _run_patches(repo: Git, state: State, patches: list[SeriesPatch], check: bool) -> State:
     by_name = {sp.path.name: sp for sp in patches}
     counter = Counter(len(state.names), "porting")
@@ -353,11 +386,11 @@ def _run_patches(repo: Git, state: State, patches: list[SeriesPatch], check: boo
     for name in state.names[len(state.outcomes):]:
         counter.step(name)
         ctx = SeriesContext(state.new_ref, state.old_base, renames, _created_by(state, by_name, outcomes), added)
-        o = port_one(repo, by_name[name], check=check, ctx=ctx)
+        o = _port_or_block(repo, by_name[name], outcomes, check, ctx)
         say(f"    {o.status.value}" + (f": {o.detail}" if o.detail else ""))
         outcomes.append({"name": o.name, "status": o.status.value, "detail": o.detail})
         state = State(**{**asdict(state), "outcomes": outcomes})
-        if o.status is RebaseStatus.CONFLICT and not check:
+        if o.status in (RebaseStatus.CONFLICT, RebaseStatus.BLOCKED) and not check:
             break
     return state
 
@@ -444,8 +477,15 @@ def run_rebase(project: Project, args: argparse.Namespace) -> int:
     state = _run_patches(repo, state, patches, args.check)
     outcomes = _outcomes(state)
     stopped = outcomes and outcomes[-1].status is RebaseStatus.CONFLICT and not args.check
+    blocked = outcomes and outcomes[-1].status is RebaseStatus.BLOCKED and not args.check
     note = "Report only (--check): nothing in the project was changed." if args.check else ""
-    if stopped:
+    if blocked:
+        note = (
+            f"Stopped at {outcomes[-1].name}: it {outcomes[-1].detail}. Port or rework what it needs first, or "
+            f"drop it from series; `make rebase SGLANG_REF={new_ref} ABORT=1` cleans up. Nothing in the project "
+            "was changed."
+        )
+    elif stopped:
         state = State(**{**asdict(state), "conflict_head": repo.head() or ""})
         state.save(repo)
         note = (
@@ -458,10 +498,10 @@ def run_rebase(project: Project, args: argparse.Namespace) -> int:
     report_path.write_text(report)
     print(report)
     say(f"report written to {report_path}")
-    if stopped:
+    if stopped or blocked:
         raise ToolError(note)
     if args.check:
-        conflicts = [o.name for o in outcomes if o.status is RebaseStatus.CONFLICT]
+        conflicts = [o.name for o in outcomes if o.status in (RebaseStatus.CONFLICT, RebaseStatus.BLOCKED)]
         return 1 if conflicts else 0
     print(_finish(project, repo, state, outcomes, args.drop))
     return 0

@@ -213,3 +213,37 @@ def test_similar_name_hint() -> None:
              "python/sglang/srt/speculative/eagle_worker_v2.py")
     assert _similar("python/sglang/srt/model_executor/cuda_graph_runner.py", added) == [added[0]]
     assert _similar("python/sglang/srt/speculative/eagle_worker.py", added) == []
+
+
+# -- Requires: and Superseded-By: ----------------------------------------------------------------
+@pytest.fixture
+def proj3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    needs = header("Q needs P", extra="Requires: p-conflict.patch\n")
+    superseded = header("R superseded", extra="Superseded-By: v2.0.0 its own switch for x20\n")
+    edits = [
+        (header("P conflict"), {"python/sglang/srt/delete_me.py": "gone = False\n"}),
+        (needs, {"python/sglang/srt/crlf.txt": "ALPHA\r\nbeta\r\ngamma\r\n"}),  # would port exactly on its own
+        (superseded, {"python/sglang/srt/server_args.py": SA.replace("x20 = 20\n", "x20 = 2000\n")}),
+    ]
+    root = _project_with_patches(tmp_path, monkeypatch, V1, "", edits)
+    make_upstream(tmp_path / "up", V2, "v2.0.0")
+    return root
+
+
+def test_a_patch_whose_requirement_did_not_port_is_blocked(proj3: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert "Requires: p-conflict.patch" in (proj3 / "patches/q-needs-p.patch").read_text()  # refresh keeps it
+    assert tool(proj3, "check") == 0
+    assert tool(proj3, "rebase", "--to", "v2.0.0", "--check") == 1
+    rows = {ln.split(" | ")[1]: ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ") and " | " in ln}
+    assert "| conflict |" in rows["p-conflict.patch"]
+    assert "| blocked | requires p-conflict.patch (conflict), which did not port |" in rows["q-needs-p.patch"]
+    r = rows["r-superseded.patch"]
+    assert "| offset (refreshed) |" in r
+    assert "upstream serves this patch's purpose since v2.0.0: its own switch for x20; review whether to drop it" in r
+
+
+def test_superseded_note_waits_for_its_release(proj3: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = (proj3 / "patches/r-superseded.patch").read_text().replace("Superseded-By: v2.0.0", "Superseded-By: v3.0.0")
+    (proj3 / "patches/r-superseded.patch").write_text(text)
+    assert tool(proj3, "rebase", "--to", "v2.0.0", "--check") == 1
+    assert "review whether to drop it" not in capsys.readouterr().out
