@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from tools.errors import ToolError
+from tools.errors import ToolError, UnsafeTreeError, UsageError
 from tools.progress import say
 from tools.project import Project, default_root
 
@@ -177,6 +177,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def error_label(e: ToolError) -> str:
+    """The first word of the message says which failure it is, since make turns every exit code into 2."""
+    if isinstance(e, UnsafeTreeError):
+        return "error (exit 3: work would be lost)"
+    if isinstance(e, UsageError):
+        return "error (exit 2: usage)"
+    return f"error (exit {e.exit_code})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -184,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args, project))
     except ToolError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"{error_label(e)}: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -1,5 +1,7 @@
 """check, status, test, new: end to end through ``main(argv)`` on real repos."""
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -161,3 +163,16 @@ def test_new_writes_template(env: Env, capsys: pytest.CaptureFixture[str]) -> No
 def test_install_needs_a_tree(env: Env, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert env.tool("--tree", str(tmp_path / "nope"), "install") == 1
     assert "run `make apply` first" in capsys.readouterr().err
+
+
+def test_make_exits_2_but_its_output_names_the_tools_code(env: Env) -> None:
+    """Through make every failure is 2; the message says it was work that would be lost (3)."""
+    from conftest import REAL_ROOT
+
+    shutil.copy(REAL_ROOT / "Makefile", env.root / "Makefile")
+    shutil.copytree(REAL_ROOT / "tools", env.root / "tools", ignore=shutil.ignore_patterns("__pycache__"))
+    (env.tree / "python/sglang/__init__.py").write_text("work in progress\n")
+    res = subprocess.run(["make", "apply", f"PYTHON={sys.executable}"], cwd=env.root, capture_output=True, text=True)
+    assert res.returncode == 2
+    assert "error (exit 3: work would be lost): " in res.stderr
+    assert (env.tree / "python/sglang/__init__.py").read_text() == "work in progress\n"
