@@ -169,14 +169,17 @@ def prefilled_decode_batch(
 ):
     """A speculative decode batch as the scheduler holds it after prefill + draft extend.
 
-    The prefill is SGLang's own `prepare_for_extend` (KV slots, lengths); its sampled token is
-    appended by the output processor and is the pending `verified_id` of the draft input.
+    The prefill is SGLang's own: `Req.init_next_round_input` (fill ids, prefix match) as the
+    scheduler's prefill adder calls it, then `prepare_for_extend` (KV slots, lengths); its sampled
+    token is appended by the output processor and is the pending `verified_id` of the draft input.
     """
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
     from sglang.srt.speculative.eagle_info import EagleDraftInput
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+    for req in reqs:
+        req.init_next_round_input(pools.tree_cache)
     batch = ScheduleBatch.init_new(
         list(reqs),
         pools.req_to_token_pool,
@@ -187,6 +190,9 @@ def prefilled_decode_batch(
         spec_algorithm=SpeculativeAlgorithm.EAGLE3,
     )
     batch.prepare_for_extend()
+    prompt_lens = [len(r.origin_input_ids) for r in reqs]
+    if batch.seq_lens.tolist() != prompt_lens:
+        raise AssertionError(f"the prefill left seq_lens {batch.seq_lens.tolist()} for prompts of {prompt_lens}")
     for req, token in zip(reqs, first_tokens):
         req.output_ids.append(token)
     batch.sampling_info = SamplingBatchInfo.from_schedule_batch(batch, VOCAB)

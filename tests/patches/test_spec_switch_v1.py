@@ -144,10 +144,20 @@ def _eagle_worker_for_preprocess(pools):
     return worker
 
 
+def _assert_prefilled(batch, reqs):
+    """Real sequences: lengths of the prompts, each with its own allocated KV slots."""
+    lens = [len(r.origin_input_ids) for r in reqs]
+    assert batch.seq_lens.tolist() == lens and min(lens) > 0
+    slots = [batch.req_to_token_pool.req_to_token[int(i), :n] for i, n in zip(batch.req_pool_indices, lens)]
+    flat = torch.cat(slots)
+    assert flat.unique().numel() == sum(lens) and int(flat.min()) > 0  # slot 0 is the padding slot
+
+
 def test_seed_case_fallback_is_a_plain_decode_and_draft_resyncs(env):
     """10 requests, 16 draft tokens: the batch the seed's naive fallback crashed on."""
     reqs = [make_req(f"r{i}", prompt_len=5 + i) for i in range(NUM_REQS)]
     batch = prefilled_decode_batch(env, reqs, first_tokens=[100 + i for i in range(NUM_REQS)])
+    _assert_prefilled(batch, reqs)
     sampled = [200 + i for i in range(NUM_REQS)]
 
     before, unfinished, hidden = _fallback_step(batch, sampled)
@@ -261,6 +271,7 @@ def test_naive_fallback_fails_these_checks_with_the_seed_shape_mismatch(env):
     """The seed's bug: clear spec_info and run the batch as the speculative step left it."""
     reqs = [make_req(f"r{i}", prompt_len=5 + i) for i in range(NUM_REQS)]
     batch = prefilled_decode_batch(env, reqs, first_tokens=[100 + i for i in range(NUM_REQS)])
+    _assert_prefilled(batch, reqs)
     # A speculative step accepted all 15 drafts plus the bonus token of every request: the
     # draft extend after it leaves input_ids/out_cache_loc in the flat accepted layout.
     from sglang.srt.speculative.eagle_info import EagleDraftInput
