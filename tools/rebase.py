@@ -330,6 +330,12 @@ def _start(project: Project, new_ref: str, patches: list[SeriesPatch]) -> tuple[
         shutil.rmtree(path)
     repo = Git.init(path)
     old_base, _ = materialise(project, repo, old_ref)
+    # Where the series was made, every index line must hold: a damaged file is refused before it ports.
+    damage = [h.describe() for r in classify(repo, old_base, [sp.patch for sp in patches])
+              for h in r.hunks if h.status is HunkStatus.DAMAGED]
+    if damage:
+        shutil.rmtree(path)
+        raise ToolError("\n".join(damage) + f"\nnot rebasing a damaged series; `make check` at {old_ref} shows it too")
     say(f"rebuilding the old series on {old_ref} (for the range-diff)")
     with tempfile.TemporaryDirectory(prefix=".rebase-", dir=project.build_dir) as scratch:
         old_head = build_commits(repo, old_base, patches, Path(scratch)) if patches else old_base

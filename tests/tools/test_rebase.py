@@ -247,3 +247,14 @@ def test_superseded_note_waits_for_its_release(proj3: Path, capsys: pytest.Captu
     (proj3 / "patches/r-superseded.patch").write_text(text)
     assert tool(proj3, "rebase", "--to", "v2.0.0", "--check") == 1
     assert "review whether to drop it" not in capsys.readouterr().out
+
+
+def test_a_damaged_patch_is_refused_before_it_ports(proj: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = proj / "patches/b-offset.patch"
+    path.write_text(path.read_text().replace("+x20 = 2000", "+x20 = 2001"))  # a hand edit
+    before = snapshot(proj)
+    assert tool(proj, "rebase", "--to", "v2.0.0", "--check") == 1
+    err = capsys.readouterr().err
+    assert "b-offset.patch: python/sglang/srt/server_args.py: damaged: after the patch the file has blob" in err
+    assert "not rebasing a damaged series" in err
+    assert snapshot(proj) == before
