@@ -94,7 +94,12 @@ class DraftRunner:
         self.attn_backend = None
         self.device = "cpu"
         self.server_args = get_global_server_args()
+        self.token_to_kv_pool_allocator = env.allocator
+        # Model features these batches do not use (later releases read them too).
         self.model_is_mrope = False
+        self.use_ngram_embedding = False
+        self.is_hybrid_swa = False
+        self.is_draft_worker = True
         config = types.SimpleNamespace(vocab_size=vocab, hidden_size=HIDDEN)
         self.logits_processor = LogitsProcessor(config)
         self.lm_head = ParallelLMHead(vocab, HIDDEN)
