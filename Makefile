@@ -1,6 +1,9 @@
 # Patch-series toolkit entry points. Every target is a thin wrapper over `python -m tools`.
-# PYTHON: the project venv if `.ci/run` (or you) created one, else python3 from PATH.
-PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
+# PYTHON: the project venv, which every target creates (or brings up to date with ci/requirements.txt)
+# first, through ci/bootstrap-venv.sh; set PYTHON=<python> to use an environment of your own instead.
+VENV_PYTHON := .venv/bin/python
+PYTHON ?= $(VENV_PYTHON)
+SETUP = $(if $(filter $(VENV_PYTHON),$(PYTHON)),bash ci/bootstrap-venv.sh,true)
 # SGLANG_REF: upstream ref to build against; empty means the one pinned in sglang.lock (v0.5.9).
 SGLANG_REF ?=
 # SGLANG_REPO: optional local clone/mirror of upstream, tried before the network.
@@ -40,29 +43,37 @@ help: ## list targets and variables
 	@echo "           REFS='v0.5.10 v0.5.15' (status) CHECK=1 DROP=1 (rebase) OFFLINE=1 GPU_PER_PATCH=1 (test) PYTHON=$(PYTHON)"
 
 apply: ## build build/sglang-<ref>: upstream base + one commit per patch (strict)
+	@$(SETUP)
 	$(TOOL) apply $(if $(FORCE),--force) $(if $(ALLOW_OFFSET),--allow-offset)
 
 refresh: ## write the tree's commits back to patches/ (new commits are appended to series)
+	@$(SETUP)
 	$(TOOL) refresh $(if $(FORCE),--force)
 
 check: ## series vs patches/, headers, exact application, re-export is a no-op
+	@$(SETUP)
 	$(TOOL) check
 
 status: ## table: each patch's hunks per version, Upstream-Status, Tests
+	@$(SETUP)
 	$(TOOL) status $(if $(REFS),--refs "$(REFS)")
 
 install: ## pip install --no-deps -e <tree>/python into $(PYTHON)'s environment
+	@$(SETUP)
 	$(TOOL) install
 
 test: ## tool tests, then each patch's declared Tests on the series up to it, then tests/gpu
+	@$(SETUP)
 	$(TOOL) test $(if $(GPU_PER_PATCH),--gpu-per-patch) -- $(if $(OFFLINE),-m "not network") $(PYTEST_ARGS)
 
 rebase: ## port the series to SGLANG_REF=<new> (CHECK=1: report only; DROP=1: drop upstreamed)
+	@$(SETUP)
 	@test -n "$(SGLANG_REF)" || { echo "usage: make rebase SGLANG_REF=v0.5.10 [CHECK=1] [DROP=1]"; exit 2; }
 	$(PYTHON) -m tools rebase --to $(SGLANG_REF) $(if $(CHECK),--check) $(if $(DROP),--drop) \
 		$(if $(CONTINUE),--continue) $(if $(ABORT),--abort)
 
 bench: ## benchmarks (the bench package)
+	@$(SETUP)
 	$(PYTHON) -m bench $(BENCH_ARGS)
 
 bundle: check ## offline bundle for the lent H200 (.gpu) from the patched tree, stamped with the series

@@ -1,0 +1,57 @@
+"""make's set-up step (ci/bootstrap-venv.sh) on a copy of the project in tmp_path (CPU, fast)."""
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _project(tmp_path: Path) -> Path:
+    (tmp_path / "ci").mkdir()
+    shutil.copy(ROOT / "ci/bootstrap-venv.sh", tmp_path / "ci/bootstrap-venv.sh")
+    (tmp_path / "ci/requirements.txt").write_text("pytest\n")
+    return tmp_path
+
+
+def _run(root: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "ci/bootstrap-venv.sh"], cwd=root, capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", **env})
+
+
+def test_no_python_is_a_clear_error(tmp_path: Path) -> None:
+    root = _project(tmp_path)
+    res = _run(root, BOOTSTRAP_PYTHON="/nonexistent/python3.11")
+    assert res.returncode == 2
+    assert "setup: no Python found (/nonexistent/python3.11); install Python 3.11+ or set BOOTSTRAP_PYTHON" in res.stderr
+    assert not (root / ".venv").exists()
+
+
+def test_an_old_python_is_refused(tmp_path: Path) -> None:
+    root = _project(tmp_path)
+    old = tmp_path / "python3.9"
+    old.write_text("#!/bin/sh\n[ \"$1\" = -V ] && { echo 'Python 3.9.2'; exit 0; }\nexit 1\n")
+    old.chmod(0o755)
+    res = _run(root, BOOTSTRAP_PYTHON=str(old))
+    assert res.returncode == 2 and "is Python 3.9.2, the toolkit needs Python 3.11 or newer" in res.stderr
+
+
+def test_pip_runs_only_when_the_requirements_changed(tmp_path: Path) -> None:
+    root = _project(tmp_path)
+    (root / ".venv/bin").mkdir(parents=True)
+    calls = tmp_path / "pip-calls"
+    fake = root / ".venv/bin/python"  # records what it is asked to do instead of installing
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+    fake.chmod(0o755)
+    digest = hashlib.sha256((root / "ci/requirements.txt").read_bytes()).hexdigest()
+    (root / ".venv/.requirements.sha256").write_text(digest + "\n")
+    res = _run(root)
+    assert res.returncode == 0 and res.stdout == "" and res.stderr == "" and not calls.exists()
+    (root / "ci/requirements.txt").write_text("pytest\n# changed\n")
+    res = _run(root)
+    assert res.returncode == 0 and "[setup] installing ci/requirements.txt into .venv" in res.stdout
+    assert calls.read_text() == "-m pip install --quiet --disable-pip-version-check -r ci/requirements.txt\n"
+    new_digest = hashlib.sha256((root / "ci/requirements.txt").read_bytes()).hexdigest()
+    assert (root / ".venv/.requirements.sha256").read_text().strip() == new_digest
