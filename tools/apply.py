@@ -107,7 +107,8 @@ def failure_summary(results: list[PatchResult], ref: str, allow_offset: bool) ->
     bad = [r for r in results if r.problems(allow_offset)]
     if not bad:
         return None
-    hint = "" if allow_offset else " (offsets are refused by default; --allow-offset accepts them)"
+    offsets = any(h.status is HunkStatus.OFFSET for r in bad for h in r.hunks)
+    hint = " (offsets are refused by default; --allow-offset accepts them)" if offsets and not allow_offset else ""
     damaged = [r.patch for r in bad if r.status is HunkStatus.DAMAGED]
     return (
         f"{len(bad)} of {len(results)} patch(es) do not apply exactly at {ref}: " + ", ".join(r.patch for r in bad)

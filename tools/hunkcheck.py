@@ -223,7 +223,7 @@ def classify_hunk(
 
 DAMAGED_NOTE = (
     "The patch file is damaged or was edited by hand (hunks lost or changed): restore it from git "
-    "(`git checkout patches/<name>`), or re-create it with `make refresh` from a tree that holds the whole change."
+    "(`git checkout patches/{patch}`), or re-create it with `make refresh` from a tree that holds the whole change."
 )
 
 
@@ -242,7 +242,7 @@ def damaged_file(patch: str, fp: FilePatch, old_text: str | None, new_text: str)
         return None
     got = blob_id(new_text.encode("utf-8", "surrogateescape"))
     return HunkResult(patch, fp.path, "(whole file)", HunkStatus.DAMAGED, 0, expected=fp.new_blob, actual=got,
-                      note=DAMAGED_NOTE)
+                      note=DAMAGED_NOTE.format(patch=patch))
 
 
 def _file_level_failure(patch: str, fp: FilePatch, note: str) -> HunkResult:
