@@ -7,6 +7,7 @@ from pathlib import Path
 from tools.apply import build_commits, classify, hunk_problems, read_series_patches, resolve_ref
 from tools.errors import ToolError
 from tools.export import reexport_diff
+from tools.formatcheck import format_problems, missing_formatters
 from tools.gitutil import Git
 from tools.progress import say
 from tools.project import Project
@@ -45,4 +46,13 @@ def run_check(project: Project, ref: str | None = None) -> list[str]:
                 f"{name}: re-export would change the file (not in canonical format-patch form); "
                 "run `make apply && make refresh` and commit the result"
             )
+        problems.extend(_format_problems(repo, base, head))
     return problems
+
+
+def _format_problems(repo: Git, base: str, head: str) -> list[str]:
+    missing = missing_formatters()
+    if missing:
+        return ["formatting not checked: SGLang's formatters are missing: " + "; ".join(missing)]
+    say("running SGLang's formatters (black, isort) on the files the series changes")
+    return [p.describe() for p in format_problems(repo, base, head)]
