@@ -63,7 +63,7 @@ def recommend(nospec: Mapping[int, float], spec: Mapping[int, float]) -> Recomme
     lo, hi = levels[0], levels[-1]
     if not wins[0]:
         if any(wins):
-            notes.append("speculation wins at " + ", ".join(f"C={c} ({ratios[c]:.2f}x)" for c, w in zip(levels, wins) if w)
+            notes.append("speculation wins at " + ", ".join(f"C={c} ({ratios[c]:.2f}x)" for c, w in zip(levels, wins, strict=False) if w)
                          + " but not at the lowest level; not a usable low-load window")
         msg = (f"speculation never pays: at C={lo} it gives {ratios[lo]:.2f}x of plain decoding "
                f"(worst {min(ratios.values()):.2f}x). Recommended: serve without speculation (drop "
@@ -84,7 +84,7 @@ def recommend(nospec: Mapping[int, float], spec: Mapping[int, float]) -> Recomme
     cross = _crossing(c0, ratios[c0], c1, ratios[c1])
     if any(wins[first_loss:]):
         notes.append("speculation wins again at " + ", ".join(
-            f"C={c} ({ratios[c]:.2f}x)" for c, w in zip(levels[first_loss:], wins[first_loss:]) if w)
+            f"C={c} ({ratios[c]:.2f}x)" for c, w in zip(levels[first_loss:], wins[first_loss:], strict=False) if w)
             + ": noisy or non-monotonic sweep; the threshold uses the first crossing")
     disable = max(1, math.floor(cross))
     enable = hysteresis(disable)

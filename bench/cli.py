@@ -158,7 +158,7 @@ def run_config(cfg: Config, args: argparse.Namespace, tree: Path, model: str, dr
             before = parse_metrics(client.get_metrics(srv.url))
             tty = sys.stderr.isatty()
 
-            def progress(done: int, total: int, c: int = c) -> None:
+            def progress(done: int, total: int, c: int = c, tty: bool = tty) -> None:
                 if tty:
                     print(f"\r[{cfg.name}] C={c}: {done}/{total}", end="", file=sys.stderr, flush=True)
 
@@ -237,7 +237,8 @@ def run(argv: list[str]) -> int:
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "extra_flags": args.extra_flags}, "configs": {}}
     say(f"bench: {len(cfgs)} config(s) x levels {levels}, max({args.num_requests}, {args.waves} x C) requests, "
         f"{args.max_new_tokens} new tokens -> {out}")
-    t_start, failed, durations = time.monotonic(), [], []
+    t_start, failed = time.monotonic(), []
+    durations: list[float] = []
     for i, cfg in enumerate(cfgs, 1):
         skip = budget_verdict(args.time_budget, time.monotonic() - t_start, durations)
         if skip:

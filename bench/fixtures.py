@@ -200,7 +200,9 @@ def build_target(out: Path, params: FixtureParams, vocab: int, exact: bool, seed
         else:
             model.lm_head.weight.mul_(params.lm_head_scale)
     embed = model.model.embed_tokens.weight.detach().to("cpu", torch.float32).clone()
-    model.to("cpu", torch.bfloat16).save_pretrained(str(out), safe_serialization=True)
+    # nn.Module.to itself: transformers' typed wrapper of it confuses mypy, and adds only quantization checks.
+    torch.nn.Module.to(model, device=torch.device("cpu"), dtype=torch.bfloat16)
+    model.save_pretrained(str(out), safe_serialization=True)
     return embed
 
 

@@ -133,7 +133,7 @@ def profile_level(url: str, prompts: list[str], concurrency: int, sampling: dict
             note = f"no decode batch of {concurrency} logged within {wait_s:.0f} s; profiled whatever ran"
             break
         time.sleep(0.2)
-    body = {"output_dir": str(out_dir), "num_steps": num_steps, "activities": ["CPU", "GPU"],
+    body: dict[str, Any] = {"output_dir": str(out_dir), "num_steps": num_steps, "activities": ["CPU", "GPU"],
             "with_stack": False, "record_shapes": False}
     try:
         r = requests.post(url + "/start_profile", json=body, timeout=60)

@@ -77,12 +77,12 @@ def _match_names(repo: Git, commits: list[str], series_names: list[str], project
     names: list[str | None] = []
     used: set[str] = set()
     for c in commits:
-        n = subjects.get(repo.subject(c))
-        names.append(n if n and n not in used else None)
-        if n:
-            used.add(n)
-    for i, n in enumerate(names):
-        if n is None and i < len(series_names) and series_names[i] not in used:
+        same = subjects.get(repo.subject(c))
+        names.append(same if same and same not in used else None)
+        if same:
+            used.add(same)
+    for i, matched in enumerate(names):
+        if matched is None and i < len(series_names) and series_names[i] not in used:
             names[i] = series_names[i]
             used.add(series_names[i])
     return names
@@ -94,7 +94,7 @@ def _edited_since_sync(repo: Git, base: str, project: Project, series_names: lis
     if not synced or not repo.is_ancestor(base, synced):
         return []
     commits = repo.commits(base, synced)
-    on_disk = [(c, project.patches_dir / n) for c, n in zip(commits, _match_names(repo, commits, series_names, project))
+    on_disk = [(c, project.patches_dir / n) for c, n in zip(commits, _match_names(repo, commits, series_names, project), strict=False)
                if n and (project.patches_dir / n).is_file()]
     return reexport_diff(repo, [c for c, _ in on_disk], [p for _, p in on_disk])
 
@@ -148,7 +148,7 @@ def export_tree(project: Project, tree: Path, force: bool = False) -> ExportOutc
         )
     edited = _edited_since_sync(repo, base, project, series_names)
     if edited and not force:
-        by_name = dict(zip(names, commits))
+        by_name = dict(zip(names, commits, strict=False))
         raise ToolError(
             "patch files edited since the tree was last applied or refreshed: " + ", ".join(edited)
             + "".join(f"\n  {n}: " + _hunk_change(project.patches_dir / n, export_commit(repo, by_name[n]))
@@ -165,7 +165,7 @@ def export_tree(project: Project, tree: Path, force: bool = False) -> ExportOutc
     taken = set(series_names) | {p.name for p in project.patches_dir.glob("*.patch")}
     project.patches_dir.mkdir(parents=True, exist_ok=True)
     next_number = _next_number(series_names)
-    for c, name, text in zip(commits, names, texts):
+    for c, name, text in zip(commits, names, texts, strict=False):
         if name is None:
             base_name = slug(repo.subject(c))
             if next_number is not None:
@@ -193,7 +193,7 @@ def export_tree(project: Project, tree: Path, force: bool = False) -> ExportOutc
 def reexport_diff(repo: Git, commits: list[str], paths: list[Path]) -> list[str]:
     """Names of patches whose re-export from ``commits`` would change their file."""
     changed = []
-    for c, p in zip(commits, paths):
+    for c, p in zip(commits, paths, strict=False):
         if p.read_bytes() != export_commit(repo, c).encode("utf-8", "surrogateescape"):
             changed.append(p.name)
     return changed

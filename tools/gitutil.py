@@ -149,7 +149,8 @@ class Git:
         return self.run("merge-base", "--is-ancestor", a, b, check=False).returncode == 0
 
     def message(self, rev: str) -> str:
-        return self.repo().commit(rev).message
+        message = self.repo().commit(rev).message
+        return message if isinstance(message, str) else message.decode("utf-8", "surrogateescape")
 
     def subject(self, rev: str) -> str:
         return self.out("log", "-1", "--format=%s", rev)

@@ -161,10 +161,10 @@ def _similar(path: str, added: tuple[str, ...], limit: int = 3) -> list[str]:
     hits = [a for a in added if a.rsplit("/", 1)[-1] == base or a.endswith("_" + base)]
     prefix = path.rsplit("/", 1)[0]
     near = len(prefix.split("/")) - 1  # same package at least up to the parent's parent
-    hits = [a for a in hits if len([1 for x, y in zip(a.split("/"), prefix.split("/")) if x == y]) >= near]
+    hits = [a for a in hits if len([1 for x, y in zip(a.split("/"), prefix.split("/"), strict=False) if x == y]) >= near]
 
     def closeness(a: str) -> tuple[int, str]:
-        common = len([1 for x, y in zip(a.split("/"), prefix.split("/")) if x == y])
+        common = len([1 for x, y in zip(a.split("/"), prefix.split("/"), strict=False) if x == y])
         return (-common, a)
 
     return sorted(hits, key=closeness)[:limit]
@@ -425,7 +425,7 @@ def _finish(project: Project, repo: Git, state: State, outcomes: list[PatchOutco
     ported = [o for o in outcomes if o.status.ported]
     if len(commits) != len(ported):
         raise ToolError(f"internal: {len(commits)} commits for {len(ported)} ported patches; not writing anything")
-    for o, c in zip(ported, commits):
+    for o, c in zip(ported, commits, strict=False):
         text = _update_applies_to(canonical(repo.format_patch(c)), state.new_ref)
         (project.patches_dir / o.name).write_bytes(text.encode("utf-8", "surrogateescape"))
     dropped = {o.name for o in droppable}

@@ -84,7 +84,7 @@ def patch_tests(project: Project, tree: Path, ref: str, *, gpu_per_patch: bool =
     wt_root = project.build_dir / "worktrees" / tree.name
     out = []
     counter = Counter(len(patches), "testing")
-    for i, (sp, commit) in enumerate(zip(patches, commits), start=1):
+    for i, (sp, commit) in enumerate(zip(patches, commits, strict=False), start=1):
         counter.step(sp.path.name)
         label = f"{sp.path.name} (series up to #{i})"
         if not sp.patch.tests:

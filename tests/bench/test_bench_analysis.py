@@ -16,8 +16,8 @@ from bench.analysis import _crossing, best_of_ratios, hysteresis, recommend  # n
 
 LEVELS = [1, 2, 5, 10, 30, 70, 100, 250]
 # anchors.md section 1: the user's 8x RTX PRO 6000 box, Kimi-K2.5, SGLang 0.5.9 (tok/s)
-USER_SPEC = dict(zip(LEVELS, [77.5, 125.1, 183.2, 239.6, 299.5, 337.7, 338.8, 340.9]))
-USER_NOSPEC = dict(zip(LEVELS, [92.6, 159.7, 292.5, 457.2, 711.0, 784.2, 761.6, 772.1]))
+USER_SPEC = dict(zip(LEVELS, [77.5, 125.1, 183.2, 239.6, 299.5, 337.7, 338.8, 340.9], strict=False))
+USER_NOSPEC = dict(zip(LEVELS, [92.6, 159.7, 292.5, 457.2, 711.0, 784.2, 761.6, 772.1], strict=False))
 # shared/gpu/README.md: H200, fixture models, exact pair (speculation wins at 1 and 16, loses at 64)
 H200_NOSPEC = {1: 535.0, 16: 2090.0, 64: 19998.0}
 H200_SPEC = {1: 745.0, 16: 2521.0, 64: 10361.0}

@@ -16,7 +16,7 @@ import pytest
 
 from bench import client
 from bench.configs import EAGLE_V1, EAGLE_V2, V2_ENV
-from bench.logparse import Counters, captured_graph_sets, parse_log, parse_metrics
+from bench.logparse import Counters, parse_log, parse_metrics
 from bench.server import Server, ServerSpec, base_flags
 
 RAMP = [1, 2, 5, 10, 30, 70, 100, 250, 10, 1]

@@ -91,7 +91,7 @@ def _returned(run: H.Run, ref: H.Run, field: str, prompts: list[str]) -> Returne
         mine, theirs = _values(r.meta.get(field)), _values(by_prompt[r.prompt].meta.get(field))
         assert len(mine) <= len(theirs), f"{field} of {r.prompt[:40]!r}: {len(mine)} values, reference {len(theirs)}"
         n, of = n + len(mine), of + len(theirs)
-        worst = max([worst] + [abs(a - b) for a, b in zip(mine, theirs)])
+        worst = max([worst] + [abs(a - b) for a, b in zip(mine, theirs, strict=False)])
     return Returned(n, of, worst)
 
 

@@ -193,7 +193,7 @@ def prefilled_decode_batch(
     prompt_lens = [len(r.origin_input_ids) for r in reqs]
     if batch.seq_lens.tolist() != prompt_lens:
         raise AssertionError(f"the prefill left seq_lens {batch.seq_lens.tolist()} for prompts of {prompt_lens}")
-    for req, token in zip(reqs, first_tokens):
+    for req, token in zip(reqs, first_tokens, strict=False):
         req.output_ids.append(token)
     batch.sampling_info = SamplingBatchInfo.from_schedule_batch(batch, VOCAB)
     batch.spec_info = EagleDraftInput(

@@ -12,7 +12,6 @@ import types
 
 import pytest
 import torch
-
 from test_spec_switch_v2 import NUM_DRAFT_TOKENS as N
 from test_spec_switch_v2 import _scheduler_for_output_processing, _v2_decode_batch, v2_env
 
@@ -200,7 +199,7 @@ def test_without_the_flag_every_fallback_step_syncs_one_row(env):
 
     extends = worker._draft_worker.extends
     assert len(extends) == 2
-    for (s, _), ext in zip(entries, extends):
+    for (s, _), ext in zip(entries, extends, strict=False):
         assert ext.accept_lens.tolist() == [1, 1, 1]
         assert torch.equal(ext.seq_lens, s)
         assert ext.hidden.view(3, N, AUX_HIDDEN)[:, :, 0].tolist() == [

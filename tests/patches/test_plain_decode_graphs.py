@@ -7,10 +7,9 @@ recorded instead of run.
 from __future__ import annotations
 
 import pytest
-import torch
+from test_spec_switch_control import _forward_batch, _verify_graph_runner
 
 from sglang_cpu import init_single_rank_groups, make_server_args, write_tiny_llama_config
-from test_spec_switch_control import _forward_batch, _verify_graph_runner
 
 
 def _plain_decode_graph_runner(max_bs):
@@ -66,8 +65,8 @@ def test_without_plain_decode_graphs_a_decode_batch_does_not_replay_verify(tmp_p
     verify = _recording(_verify_graph_runner(max_bs=64), "verify", calls)
     model_runner = _model_runner(verify, None)
 
-    with pytest.raises(Exception):
-        # Eager path: needs the model (GPU); reaching it is the point.
+    with pytest.raises(AttributeError):
+        # Eager path: needs the model (GPU), which this runner has not; reaching it is the point.
         model_runner._forward_raw(_forward_batch(ForwardMode.DECODE, 10, 1), False, None)
     assert calls == []
 

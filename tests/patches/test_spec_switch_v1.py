@@ -148,7 +148,7 @@ def _assert_prefilled(batch, reqs):
     """Real sequences: lengths of the prompts, each with its own allocated KV slots."""
     lens = [len(r.origin_input_ids) for r in reqs]
     assert batch.seq_lens.tolist() == lens and min(lens) > 0
-    slots = [batch.req_to_token_pool.req_to_token[int(i), :n] for i, n in zip(batch.req_pool_indices, lens)]
+    slots = [batch.req_to_token_pool.req_to_token[int(i), :n] for i, n in zip(batch.req_pool_indices, lens, strict=False)]
     flat = torch.cat(slots)
     assert flat.unique().numel() == sum(lens) and int(flat.min()) > 0  # slot 0 is the padding slot
 

@@ -196,10 +196,10 @@ def test_next_batch_prepared_while_a_fallback_runs_leaves_its_slots_alone(env):
     read_by_step2 = req_to_token[rows.unsqueeze(1), window].clone()
     allocated_before = [r.kv_allocated_len for r in reqs]
     batch.prepare_for_decode()  # batch 3, while step 2 runs: it now reserves new slots
-    assert all(r.kv_allocated_len > before for r, before in zip(reqs, allocated_before))
+    assert all(r.kv_allocated_len > before for r, before in zip(reqs, allocated_before, strict=False))
     assert torch.equal(req_to_token[rows.unsqueeze(1), window], read_by_step2)
     assert mwb2.out_cache_loc.tolist() == read_by_step2[:, 0].tolist()
-    for req, before in zip(reqs, allocated_before):
+    for req, before in zip(reqs, allocated_before, strict=False):
         new_slots = req_to_token[req.req_pool_idx, before : req.kv_allocated_len]
         assert not set(new_slots.tolist()) & set(read_by_step2.flatten().tolist())
         assert not set(new_slots.tolist()) & set(mwb1.out_cache_loc.tolist())
@@ -298,7 +298,7 @@ def test_one_step_late_processing_across_switches(env):
     )
     scheduler._resolve_spec_overlap_token_ids(again, batch)
     assert [r.spec_verify_ct for r in reqs] == [2, 2, 2]
-    assert [r.kv_committed_len - c for r, c in zip(reqs, committed)] == [
+    assert [r.kv_committed_len - c for r, c in zip(reqs, committed, strict=False)] == [
         3 + 1 + 1,
         1 + 1 + 4,
         2 + 1 + 1,
@@ -319,7 +319,7 @@ def test_next_decode_after_fallback_reserves_from_the_new_length(env):
     batch.prepare_for_decode()
 
     reserve = 2 * get_alloc_len_per_decode()
-    for req, seq_len in zip(reqs, batch.seq_lens.tolist()):
+    for req, seq_len in zip(reqs, batch.seq_lens.tolist(), strict=False):
         assert req.kv_committed_len == seq_len
         assert req.kv_allocated_len == req.kv_committed_len + reserve
         row = batch.req_to_token_pool.req_to_token[req.req_pool_idx]

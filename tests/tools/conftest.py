@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-
-import sys
 
 import pytest
 

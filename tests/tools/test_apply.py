@@ -2,6 +2,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from conftest import DATA, Env, commit_in_tree, git, header
 
 ALL_GOOD = ["exact.patch", "crlf-file.patch", "no-newline.patch", "rename.patch", "create-delete.patch"]

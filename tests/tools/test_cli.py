@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import DATA, Env
 
 DEMO_TESTS = '''

@@ -1,8 +1,9 @@
 
 import pytest
-from conftest import DATA, Env, commit_in_tree, git, header
 
 from tools.export import canonical, slug
+
+from conftest import DATA, Env, commit_in_tree, git, header
 
 ALL_GOOD = ["exact.patch", "crlf-file.patch", "no-newline.patch", "rename.patch", "create-delete.patch"]
 

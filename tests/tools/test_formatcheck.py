@@ -1,8 +1,9 @@
 """`make check` runs SGLang's formatters on what the series changes (black 24.10.0, isort 5.13.2)."""
 import pytest
-from conftest import Env, commit_in_tree, git, header
 
 from tools.formatcheck import BLACK_VERSION, ISORT_VERSION, missing_formatters
+
+from conftest import Env, commit_in_tree, git, header
 
 
 def test_the_pinned_formatters_are_installed() -> None:

@@ -1,9 +1,9 @@
 from pathlib import Path
 
-from conftest import UPSTREAM_FILES
-
 from tools.hunkcheck import HunkStatus, TreeState, check_patch, check_series, split_lines
 from tools.patchfile import read_patch
+
+from conftest import UPSTREAM_FILES
 
 DATA = Path(__file__).parent / "data"
 

@@ -5,11 +5,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import DATA, REAL_ROOT, git
 
 from tools.cli import main
 from tools.project import DEFAULT_INDEX_URL
 from tools.upstream import pypi_dist
+
+from conftest import DATA, REAL_ROOT, git
 
 pytestmark = pytest.mark.network
 

@@ -3,10 +3,12 @@ mid-hunk is located; requirements between patches are checked (issue: toolkit in
 from pathlib import Path
 
 import pytest
-from conftest import DATA, Env, git
 
+from tools.errors import PatchParseError
 from tools.hunkcheck import HunkStatus, TreeState, check_patch
 from tools.patchfile import parse_patch_text, read_patch
+
+from conftest import DATA, Env, git
 
 
 def _reader(upstream: Path):
@@ -74,7 +76,7 @@ def test_apply_reports_every_problem_in_one_run(env: Env, capsys: pytest.Capture
 
 
 def test_a_diff_cut_mid_hunk_names_the_file_the_hunk_and_the_line() -> None:
-    with pytest.raises(Exception) as e:
+    with pytest.raises(PatchParseError) as e:
         read_patch(DATA / "truncated-mid-hunk.patch")
     assert str(e.value) == (
         "truncated-mid-hunk.patch: the diff does not parse: python/sglang/srt/server_args.py: hunk "

@@ -5,9 +5,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import REAL_ROOT
 
 from tools.cli import main
+
+from conftest import REAL_ROOT
 
 pytestmark = pytest.mark.network
 DAMAGED = "0005-plain-decode-graphs.patch"

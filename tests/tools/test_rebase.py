@@ -3,9 +3,10 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import UPSTREAM_FILES, commit_in_tree, git, header, make_upstream
 
 from tools.cli import main
+
+from conftest import UPSTREAM_FILES, commit_in_tree, git, header, make_upstream
 
 MERGE_ME = "".join(f"m{i} = {i}\n" for i in range(1, 21))
 V1 = {**UPSTREAM_FILES, "python/sglang/srt/merge_me.py": MERGE_ME}

@@ -26,12 +26,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import DATA, REAL_ROOT
 
 from tools.cli import main
-from tools.project import DEFAULT_INDEX_URL
 from tools.patchfile import read_patch
+from tools.project import DEFAULT_INDEX_URL
 from tools.series import read_series
+
+from conftest import DATA, REAL_ROOT
 
 pytestmark = pytest.mark.network
 

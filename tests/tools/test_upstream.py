@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from conftest import UNREACHABLE_INDEX, UPSTREAM_FILES, git, make_upstream
 
 from tools.cli import main
+
+from conftest import UNREACHABLE_INDEX, UPSTREAM_FILES, git, make_upstream
 
 
 def sdist_bytes(version: str) -> bytes:
