@@ -126,7 +126,8 @@ def cmd_new(args: argparse.Namespace, project: Project) -> int:
 def cmd_rebase(args: argparse.Namespace, project: Project) -> int:
     from tools.rebase import run_rebase
 
-    return run_rebase(project, args)
+    return run_rebase(project, args.to, check=args.check, drop=args.drop, cont=args.cont, abort=args.abort,
+                      report=Path(args.report) if args.report else None)
 
 
 def build_parser() -> argparse.ArgumentParser:

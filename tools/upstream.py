@@ -23,8 +23,7 @@ from tools.errors import GitError, UpstreamError
 from tools.gitutil import Git
 from tools.progress import say
 from tools.project import Project, env_index_url, env_remote, env_repo
-
-VERSION_RE = re.compile(r"^v?(\d+\.\d+\.\d+(?:\.post\d+)?)$")
+from tools.versions import release_version
 
 
 @dataclass(frozen=True)
@@ -228,7 +227,7 @@ def _base_message(entry: LockEntry) -> str:
 
 def _import_archive(project: Project, repo: Git, ref: str, dist: Dist,
                     pinned_in: str | None = None) -> tuple[str, LockEntry]:
-    version = VERSION_RE.match(ref).group(1)  # type: ignore[union-attr]
+    version = release_version(ref) or ""
     archive = download(dist.url, project.cache_dir / "archives" / dist.filename, dist.sha256, pinned_in)
     entry = LockEntry(ref=ref, source=dist.kind, url=dist.url, sha256=dist.sha256)
     say(f"importing {dist.filename} as the base of {ref}")
@@ -241,10 +240,10 @@ def _import_archive(project: Project, repo: Git, ref: str, dist: Dist,
 def lock_problems(entry: LockEntry, repo: Git, lock_name: str) -> list[str]:
     """Fields of a lock entry that contradict each other or the base commit built from it."""
     probs = []
-    m = VERSION_RE.match(entry.ref)
+    version = release_version(entry.ref)
     if entry.source != "git":
         filename = entry.url.rsplit("/", 1)[-1].split("#")[0]
-        if not m or not filename.startswith(f"sglang-{m.group(1)}-") and filename != f"sglang-{m.group(1)}.tar.gz":
+        if not version or not filename.startswith(f"sglang-{version}-") and filename != f"sglang-{version}.tar.gz":
             probs.append(f"{lock_name}: ref {entry.ref} and url {entry.url} disagree: the url is not a release "
                          f"archive of {entry.ref}")
     if entry.base_commit and repo.rev(entry.base_commit):
@@ -322,12 +321,12 @@ def materialise(project: Project, repo: Git, ref: str, *, relock: bool = False) 
         entry = LockEntry(ref=ref, source="git", url=url, commit=commit, base_commit=commit)
         record_entry(project, entry)
         return commit, entry
-    m = VERSION_RE.match(ref)
-    if not m:
+    version = release_version(ref)
+    if not version:
         tried.append(f"PyPI: {ref!r} is not a release tag vX.Y.Z[.postN], so PyPI cannot have it")
     else:
         try:
-            dist = pypi_dist(m.group(1), env_index_url())
+            dist = pypi_dist(version, env_index_url())
             base, entry = _import_archive(project, repo, ref, dist)
             record_entry(project, entry)
             return base, entry

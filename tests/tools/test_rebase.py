@@ -208,7 +208,7 @@ def test_upstream_version_is_kept_until_drop_and_continue_keeps_resolutions(
 
 
 def test_similar_name_hint() -> None:
-    from tools.rebase import _similar
+    from tools.rebase_port import _similar
 
     added = ("python/sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", "python/sglang/test/x_cuda_graph_runner.py",
              "python/sglang/srt/speculative/eagle_worker_v2.py")

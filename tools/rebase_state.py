@@ -1,0 +1,72 @@
+"""What a rebase has done so far, kept in the rebase tree across a conflict; and its report."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from tools.gitutil import Git
+from tools.rebase_port import PatchOutcome, RebaseStatus
+
+STATE_FILE = "sglang-rebase.json"
+
+
+# -- state across a conflict ----------------------------------------------------------------
+@dataclass(frozen=True)
+class State:
+    old_ref: str
+    new_ref: str
+    old_base: str
+    old_head: str
+    new_base: str
+    names: list[str]
+    outcomes: list[dict[str, str]]
+    conflict_head: str = ""  # HEAD when the rebase stopped at a conflict
+
+    @property
+    def complete(self) -> bool:
+        return len(self.outcomes) == len(self.names) and not (
+            self.outcomes and self.outcomes[-1]["status"] == RebaseStatus.CONFLICT.value
+        )
+
+    def save(self, repo: Git) -> None:
+        (repo.path / ".git" / STATE_FILE).write_text(json.dumps(asdict(self), indent=1))
+
+    @staticmethod
+    def load(repo: Git) -> "State | None":
+        p = repo.path / ".git" / STATE_FILE
+        return State(**json.loads(p.read_text())) if p.exists() else None
+
+
+def _outcomes(state: State) -> list[PatchOutcome]:
+    return [PatchOutcome(o["name"], RebaseStatus(o["status"]), o.get("detail", "")) for o in state.outcomes]
+
+
+# -- report ---------------------------------------------------------------------------------
+def report_markdown(state: State, outcomes: list[PatchOutcome], range_diff: str, note: str) -> str:
+    lines = [f"# Rebase report: {state.old_ref} -> {state.new_ref}", ""]
+    if note:
+        lines += [note, ""]
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o.status.value] = counts.get(o.status.value, 0) + 1
+    lines += ["Summary: " + (", ".join(f"{n} {k}" for k, n in counts.items()) or "empty series"), ""]
+    lines += ["| # | patch | status | detail |", "|---|---|---|---|"]
+    for i, o in enumerate(outcomes, 1):
+        lines.append(f"| {i} | {o.name} | {o.status.value} | {o.detail.replace('|', '/')} |")
+    pending = state.names[len(outcomes):]
+    for j, n in enumerate(pending, len(outcomes) + 1):
+        lines.append(f"| {j} | {n} | not reached | |")
+    lines += ["", "## Range-diff (old series vs ported series)", "", "```", range_diff.rstrip() or "(no commits)", "```", ""]
+    return "\n".join(lines)
+
+
+def _range_diff(repo: Git, state: State) -> str:
+    new_head = repo.head() or state.new_base
+    if new_head == state.new_base or state.old_head == state.old_base:
+        # range-diff refuses an empty range; say plainly what was not carried over
+        old = repo.out("log", "--reverse", "--format=%h %s", f"{state.old_base}..{state.old_head}")
+        return "no ported commits; the old series was:\n" + (old or "(empty)")
+    res = repo.run(
+        "range-diff", "--no-color", f"{state.old_base}..{state.old_head}", f"{state.new_base}..{new_head}", check=False
+    )
+    return res.stdout if res.returncode == 0 else f"(range-diff failed: {res.stderr.strip()})"

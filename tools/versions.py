@@ -1,0 +1,23 @@
+"""SGLang release refs (``v0.5.9``, ``v0.5.10.post1``): the one place that parses them."""
+from __future__ import annotations
+
+import re
+
+from packaging.version import InvalidVersion, Version
+
+_RELEASE_RE = re.compile(r"^v?(\d+\.\d+\.\d+(?:\.post\d+)?)$")
+
+
+def release_version(ref: str) -> str | None:
+    """The PyPI version a release tag names (``v0.5.9`` -> ``0.5.9``); None for other refs."""
+    m = _RELEASE_RE.match(ref.strip())
+    return m.group(1) if m else None
+
+
+def release_key(ref: str) -> Version | None:
+    """An orderable version for a release tag; None for refs that are not releases (branches, hashes)."""
+    version = release_version(ref)
+    try:
+        return Version(version) if version else None
+    except InvalidVersion:
+        return None
