@@ -92,11 +92,7 @@ def load_patches(project: Project, *, strict_unused: bool = False) -> list[Serie
 
 
 def classify(repo: Git, base: str, patches: list[Patch]) -> list[PatchResult]:
-    def reader(path: str) -> str | None:
-        data = repo.show_file(base, path)
-        return data.decode("utf-8", "surrogateescape") if data is not None else None
-
-    return check_series(patches, TreeState(reader))
+    return check_series(patches, TreeState(lambda path: repo.show_text(base, path)))
 
 
 def hunk_problems(results: list[PatchResult], allow_offset: bool) -> list[str]:
@@ -119,8 +115,8 @@ def failure_summary(results: list[PatchResult], ref: str, allow_offset: bool) ->
 def tree_problems(repo: Git) -> list[str]:
     """Work in the tree that re-applying would throw away."""
     probs = []
-    if (repo.path / ".git" / "rebase-apply").exists():
-        probs.append("a `git am` is in progress (finish it with `git am --continue` or `git am --abort`)")
+    if repo.operation_in_progress():
+        probs.append("a `git am` or rebase is in progress (finish it with `git am --continue` or `git am --abort`)")
     dirty = repo.dirty_paths()
     if dirty:
         shown = ", ".join(dirty[:5]) + (f" and {len(dirty) - 5} more" if len(dirty) > 5 else "")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from tools.errors import ToolError, UnsafeTreeError, UsageError
-from tools.progress import say
+from tools.progress import count_summary, say
 from tools.project import Project, default_root
 
 TEMPLATE = """{subject}
@@ -41,10 +41,7 @@ def cmd_apply(args: argparse.Namespace, project: Project) -> int:
         project, args.ref, Path(args.tree).resolve() if args.tree else None,
         allow_offset=args.allow_offset, force=args.force, relock=args.relock,
     )
-    kinds: dict[str, int] = {}
-    for r in out.results:
-        kinds[r.status.value] = kinds.get(r.status.value, 0) + 1
-    detail = ", ".join(f"{n} {k}" for k, n in kinds.items()) or "empty series"
+    detail = count_summary((r.status.value for r in out.results), "empty series")
     print(f"applied {len(out.results)} patch(es) to {out.tree} at {out.ref} ({out.entry.source}, base {out.base[:12]}): {detail}")
     if out.backup:
         print(f"previous work saved on branch {out.backup} in {out.tree}")

@@ -122,7 +122,7 @@ def export_tree(project: Project, tree: Path, force: bool = False) -> ExportOutc
     repo = Git(tree)
     if not repo.is_repo() or not repo.rev(BASE_REF):
         raise ToolError(f"{tree} is not a tree built by `make apply` (no {BASE_REF}); run `make apply` first")
-    if (tree / ".git" / "rebase-apply").exists() or (tree / ".git" / "rebase-merge").exists():
+    if repo.operation_in_progress():
         raise ToolError(f"a git am/rebase is in progress in {tree}; finish or abort it before refreshing")
     base = repo.rev(BASE_REF) or ""
     head = repo.head() or base

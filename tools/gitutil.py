@@ -158,6 +158,15 @@ class Git:
     def update_ref(self, ref: str, rev: str) -> None:
         self.run("update-ref", ref, rev)
 
+    def show_text(self, rev: str, path: str) -> str | None:
+        """A file's text at ``rev`` (bytes that are not UTF-8 survive a round trip); None if absent."""
+        data = self.show_file(rev, path)
+        return data.decode("utf-8", "surrogateescape") if data is not None else None
+
+    def operation_in_progress(self) -> bool:
+        """A `git am` or rebase stopped half-way in this repository."""
+        return any((self.path / ".git" / d).exists() for d in ("rebase-apply", "rebase-merge"))
+
     def show_file(self, rev: str, path: str) -> bytes | None:
         proc = subprocess.run(
             ["git", "cat-file", "blob", f"{rev}:{path}"], cwd=self.path, capture_output=True

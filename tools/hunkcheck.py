@@ -14,6 +14,7 @@ from enum import Enum
 from typing import Callable, Iterable
 
 from tools.patchfile import FilePatch, Hunk, Patch
+from tools.progress import count_summary
 
 MAX_FUZZ = 2  # what GNU patch would silently accept; we only use it to say "would apply with fuzz"
 
@@ -93,11 +94,7 @@ class PatchResult:
         return max((h.status for h in self.hunks), key=lambda s: s.rank)
 
     def summary(self) -> str:
-        counts: dict[str, int] = {}
-        for h in self.hunks:
-            key = h.status.value
-            counts[key] = counts.get(key, 0) + 1
-        return ", ".join(f"{n} {k}" for k, n in counts.items()) or "no hunks"
+        return count_summary((h.status.value for h in self.hunks), "no hunks")
 
     def problems(self, allow_offset: bool = False) -> list[HunkResult]:
         ok = {HunkStatus.EXACT} | ({HunkStatus.OFFSET} if allow_offset else set())

@@ -2,6 +2,15 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
+
+
+def count_summary(values: Iterable[str], empty: str) -> str:
+    """'3 exact, 1 offset': how many of each, in order of first appearance."""
+    counts: dict[str, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    return ", ".join(f"{n} {k}" for k, n in counts.items()) or empty
 
 
 def say(msg: str) -> None:

@@ -188,7 +188,7 @@ def run_rebase(project: Project, new_ref: str, *, check: bool = False, drop: boo
         state = State.load(repo) if path.exists() else None
         if state is None:
             raise ToolError(f"no rebase to {new_ref} in progress")
-        if (path / ".git" / "rebase-apply").exists():
+        if repo.operation_in_progress():
             res = repo.run("am", "--continue", check=False, fixed_ident=True)
             if res.returncode != 0:
                 raise ToolError(

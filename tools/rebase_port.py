@@ -46,11 +46,6 @@ def _touched_existing(sp: SeriesPatch) -> list[str]:
     return [f.source for f in sp.patch.files if f.source is not None]
 
 
-def _worktree_text(repo: Git, path: str) -> str | None:
-    data = repo.show_file("HEAD", path)
-    return data.decode("utf-8", "surrogateescape") if data is not None else None
-
-
 def declared_upstream(sp: SeriesPatch, new_ref: str) -> str:
     """The patch's own ``Upstream-Status: upstream since vX`` when vX <= new_ref, else ''."""
     m = re.match(r"upstream since (\S+)", sp.patch.upstream_status.strip())
@@ -85,9 +80,8 @@ def upstream_ownrelease_key(repo: Git, sp: SeriesPatch, old_base: str | None) ->
                  if ln.kind == "+" and (m := _DEF_RE.match(ln.text)) and not m.group(1).startswith("_")]
         if not added:
             continue
-        new = _defined(_worktree_text(repo, f.source))
-        old_data = repo.show_file(old_base, f.source) if old_base else None
-        old = _defined(old_data.decode("utf-8", "surrogateescape") if old_data is not None else None)
+        new = _defined(repo.show_text("HEAD", f.source))
+        old = _defined(repo.show_text(old_base, f.source) if old_base else None)
         if not all(new.count(n) > old.count(n) for n in added):
             return []
         out.append(f"{f.source}: {', '.join(dict.fromkeys(added))}")

@@ -5,6 +5,7 @@ import json
 from dataclasses import asdict, dataclass
 
 from tools.gitutil import Git
+from tools.progress import count_summary
 from tools.rebase_port import PatchOutcome, RebaseStatus
 
 STATE_FILE = "sglang-rebase.json"
@@ -46,10 +47,7 @@ def report_markdown(state: State, outcomes: list[PatchOutcome], range_diff: str,
     lines = [f"# Rebase report: {state.old_ref} -> {state.new_ref}", ""]
     if note:
         lines += [note, ""]
-    counts: dict[str, int] = {}
-    for o in outcomes:
-        counts[o.status.value] = counts.get(o.status.value, 0) + 1
-    lines += ["Summary: " + (", ".join(f"{n} {k}" for k, n in counts.items()) or "empty series"), ""]
+    lines += ["Summary: " + count_summary((o.status.value for o in outcomes), "empty series"), ""]
     lines += ["| # | patch | status | detail |", "|---|---|---|---|"]
     for i, o in enumerate(outcomes, 1):
         lines.append(f"| {i} | {o.name} | {o.status.value} | {o.detail.replace('|', '/')} |")
