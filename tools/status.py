@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from tools.apply import classify, load_patches, resolve_ref
 from tools.check import scratch_repo
 from tools.errors import ToolError
-from tools.hunkcheck import PatchResult
+from tools.hunkcheck import HunkStatus, PatchResult
 from tools.project import Project
 from tools.upstream import materialise
 
@@ -21,10 +21,10 @@ class StatusRow:
 
 
 def _cell(r: PatchResult) -> str:
-    if r.status.value == "exact":
-        return "exact"
-    labels = sorted({h.label for h in r.hunks if h.status.value != "exact"})
-    n_bad = sum(1 for h in r.hunks if h.status.value != "exact")
+    if r.status is HunkStatus.EXACT:
+        return HunkStatus.EXACT.value
+    labels = sorted({h.label for h in r.hunks if h.status is not HunkStatus.EXACT})
+    n_bad = sum(1 for h in r.hunks if h.status is not HunkStatus.EXACT)
     return f"{'; '.join(labels)} ({n_bad}/{len(r.hunks)} hunks)"
 
 
