@@ -28,7 +28,11 @@ QUICK_LEVELS = [1, 2, 10, 30, 100, 250]
 
 
 class BenchError(RuntimeError):
-    pass
+    """A run that cannot go on (exit 1)."""
+
+
+class BenchUsageError(BenchError):
+    """Arguments that name nothing usable (exit 2)."""
 
 
 def _levels(text: str) -> list[int]:
@@ -216,7 +220,10 @@ def run(argv: list[str]) -> int:
     args.num_requests = args.num_requests if args.num_requests is not None else (10 if args.quick else 30)
     args.waves = args.waves if args.waves is not None else (1 if args.quick else 3)
     args.max_new_tokens = args.max_new_tokens or (128 if args.quick else 512)
-    cfgs = parse_configs(args.configs)
+    try:
+        cfgs = parse_configs(args.configs)
+    except ValueError as e:
+        raise BenchUsageError(str(e)) from None
     out = args.out or PROJECT_ROOT / "build" / "bench" / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     tree = resolve_tree(args.tree)
@@ -226,7 +233,10 @@ def run(argv: list[str]) -> int:
         fx = fixtures.generate(fixtures.PRESETS[args.fixture_preset])
         t, d = fx.pair(args.fixture_pair)
         model, draft = str(t), draft or str(d)
-    prompts = client.load_prompts(args.prompts)
+    try:
+        prompts = client.load_prompts(args.prompts)
+    except (OSError, ValueError) as e:
+        raise BenchUsageError(f"--prompts: {e}") from None
     if args.chat_template:
         prompts = client.apply_chat_template(prompts, model)
     results: dict[str, Any] = {"meta": {
@@ -322,8 +332,11 @@ def main(argv: list[str] | None = None) -> int:
 
             return fixtures.main(argv[1:])
         return run(argv)
-    except (TreeError, BenchError, FixtureError, ValueError, OSError) as e:
-        print(f"bench: error: {e}", file=sys.stderr)
+    except BenchUsageError as e:
+        print(f"bench: usage: {e}", file=sys.stderr)
         return 2
+    except (TreeError, BenchError, FixtureError) as e:
+        print(f"bench: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130

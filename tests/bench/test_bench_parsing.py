@@ -119,7 +119,12 @@ def test_cli_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         cli.main(["--concurrency", "0,1"])
     assert cli.main(["--configs", "bogus", "--tree", "/nonexistent"]) == 2
-    assert "unknown config" in capsys.readouterr().err
+    assert "bench: usage: unknown config" in capsys.readouterr().err
+
+
+def test_a_run_that_cannot_go_on_is_not_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--configs", "nospec", "--tree", "/nonexistent"]) == 1
+    assert "bench: error: " in capsys.readouterr().err
 
 
 def test_no_overlap_baseline_disables_the_overlap_scheduler() -> None:
