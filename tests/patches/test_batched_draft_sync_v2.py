@@ -12,8 +12,9 @@ import types
 
 import pytest
 import torch
-from test_spec_switch_v2 import NUM_DRAFT_TOKENS as N
-from test_spec_switch_v2 import _scheduler_for_output_processing, _v2_decode_batch, v2_env
+
+from switch_helpers import NUM_DRAFT_TOKENS as N
+from switch_helpers import scheduler_for_output_processing, v2_decode_batch, v2_env
 
 AUX_HIDDEN = 12  # the target's captured hidden state width (EAGLE-3: three layers)
 
@@ -106,7 +107,7 @@ def _worker(env, batch):
 
 def _decode_steps(worker, batch, steps):
     """Fallback steps in the overlap loop's order: launch, next batch, process the result."""
-    scheduler, entries = _scheduler_for_output_processing(), []
+    scheduler, entries = scheduler_for_output_processing(), []
     for _ in range(steps):
         mwb = batch.get_model_worker_batch()
         entries.append((mwb.seq_lens.clone(), mwb.req_pool_indices.clone()))
@@ -119,7 +120,7 @@ def _decode_steps(worker, batch, steps):
 
 
 def test_the_draft_gets_n_steps_of_rows_in_one_extend(env):
-    batch, _ = _v2_decode_batch(env, n=3)
+    batch, _ = v2_decode_batch(env, n=3)
     worker = _worker(env, batch)
     entries = _decode_steps(worker, batch, steps=2 * N)
     extends = worker._draft_worker.extends
@@ -153,7 +154,7 @@ def test_the_draft_gets_n_steps_of_rows_in_one_extend(env):
 
 
 def test_speculation_waits_one_step_for_the_rows_it_is_owed(env):
-    batch, _ = _v2_decode_batch(env, n=3)
+    batch, _ = v2_decode_batch(env, n=3)
     worker = _worker(env, batch)
     _decode_steps(worker, batch, steps=N + 1)  # one sync, then one row owed
     assert len(worker._draft_worker.extends) == 1
@@ -171,7 +172,7 @@ def test_speculation_waits_one_step_for_the_rows_it_is_owed(env):
 
 
 def test_a_request_that_joined_later_owes_fewer_rows(env):
-    batch, reqs = _v2_decode_batch(env, n=3)
+    batch, reqs = v2_decode_batch(env, n=3)
     worker = _worker(env, batch)
     _decode_steps(worker, batch, steps=1)
     # Request 2 is prefilled anew (as after a retraction): its draft is in sync from there.
@@ -192,7 +193,7 @@ def test_without_the_flag_every_fallback_step_syncs_one_row(env):
     from sglang.srt.server_args import get_global_server_args
 
     get_global_server_args().speculative_fallback_batched_draft_sync = False
-    batch, _ = _v2_decode_batch(env, n=3)
+    batch, _ = v2_decode_batch(env, n=3)
     worker = _worker(env, batch)
     worker.batched_draft_sync = None
     entries = _decode_steps(worker, batch, steps=2)

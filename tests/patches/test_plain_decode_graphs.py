@@ -7,15 +7,15 @@ recorded instead of run.
 from __future__ import annotations
 
 import pytest
-from test_spec_switch_control import _forward_batch, _verify_graph_runner
 
 from sglang_cpu import init_single_rank_groups, make_server_args, write_tiny_llama_config
+from switch_helpers import forward_batch, verify_graph_runner
 
 
 def _plain_decode_graph_runner(max_bs):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    runner = _verify_graph_runner(max_bs)
+    runner = verify_graph_runner(max_bs)
     runner.capture_forward_mode = ForwardMode.DECODE
     runner.num_tokens_per_bs = 1
     runner.plain_decode = True
@@ -46,13 +46,13 @@ def test_each_mode_replays_its_own_graph_set(tmp_path):
 
     make_server_args(write_tiny_llama_config(tmp_path / "m"))
     calls = []
-    verify = _recording(_verify_graph_runner(max_bs=8), "verify", calls)
+    verify = _recording(verify_graph_runner(max_bs=8), "verify", calls)
     decode = _recording(_plain_decode_graph_runner(max_bs=64), "decode", calls)
     model_runner = _model_runner(verify, decode)
 
-    out = model_runner._forward_raw(_forward_batch(ForwardMode.DECODE, 40, 1), False, None)
+    out = model_runner._forward_raw(forward_batch(ForwardMode.DECODE, 40, 1), False, None)
     assert out.can_run_graph and out.logits_output == "logits"
-    model_runner._forward_raw(_forward_batch(ForwardMode.TARGET_VERIFY, 4, 16), False, None)
+    model_runner._forward_raw(forward_batch(ForwardMode.TARGET_VERIFY, 4, 16), False, None)
 
     assert calls == [("decode", "DECODE", 40), ("verify", "TARGET_VERIFY", 4)]
 
@@ -62,12 +62,12 @@ def test_without_plain_decode_graphs_a_decode_batch_does_not_replay_verify(tmp_p
 
     make_server_args(write_tiny_llama_config(tmp_path / "m"))
     calls = []
-    verify = _recording(_verify_graph_runner(max_bs=64), "verify", calls)
+    verify = _recording(verify_graph_runner(max_bs=64), "verify", calls)
     model_runner = _model_runner(verify, None)
 
     with pytest.raises(AttributeError):
         # Eager path: needs the model (GPU), which this runner has not; reaching it is the point.
-        model_runner._forward_raw(_forward_batch(ForwardMode.DECODE, 10, 1), False, None)
+        model_runner._forward_raw(forward_batch(ForwardMode.DECODE, 10, 1), False, None)
     assert calls == []
 
 

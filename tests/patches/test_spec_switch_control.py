@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from sglang_cpu import make_server_args, write_tiny_llama_config
+from switch_helpers import forward_batch, verify_graph_runner
 
 
 def test_hysteresis_switches_once_per_crossing():
@@ -125,50 +126,13 @@ def test_switch_arguments_are_in_help():
     assert "--speculative-disable-batch-size" in parser.format_help()
 
 
-def _verify_graph_runner(max_bs: int):
-    """A CudaGraphRunner as an EAGLE target builds it: TARGET_VERIFY, 16 tokens per request."""
-    from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    runner = object.__new__(CudaGraphRunner)
-    runner.require_mlp_tp_gather = False
-    runner.require_mlp_sync = False
-    runner.enable_pdmux = False
-    runner.disable_padding = False
-    runner.max_bs = max_bs
-    runner.graphs = {}
-    runner.is_encoder_decoder = False
-    runner.enable_two_batch_overlap = False
-    runner.capture_forward_mode = ForwardMode.TARGET_VERIFY
-    runner.capture_hidden_mode = CaptureHiddenMode.FULL
-    runner.num_tokens_per_bs = 16
-    runner.model_runner = type("MR", (), {"spec_algorithm": SpeculativeAlgorithm.EAGLE3})()
-    return runner
-
-
-def _forward_batch(mode, bs, tokens_per_req):
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
-
-    return ForwardBatch(
-        forward_mode=mode,
-        batch_size=bs,
-        input_ids=torch.zeros(bs * tokens_per_req, dtype=torch.int64),
-        req_pool_indices=torch.arange(bs),
-        seq_lens=torch.full((bs,), 10),
-        out_cache_loc=torch.zeros(bs * tokens_per_req, dtype=torch.int64),
-        seq_lens_sum=10 * bs,
-        capture_hidden_mode=CaptureHiddenMode.FULL,
-    )
-
-
 def test_decode_batch_never_replays_a_verify_graph():
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    runner = _verify_graph_runner(max_bs=32)
-    assert runner.can_run(_forward_batch(ForwardMode.TARGET_VERIFY, 10, 16))
-    assert not runner.can_run(_forward_batch(ForwardMode.DECODE, 10, 1))
-    assert runner.can_run(_forward_batch(ForwardMode.IDLE, 0, 1))
+    runner = verify_graph_runner(max_bs=32)
+    assert runner.can_run(forward_batch(ForwardMode.TARGET_VERIFY, 10, 16))
+    assert not runner.can_run(forward_batch(ForwardMode.DECODE, 10, 1))
+    assert runner.can_run(forward_batch(ForwardMode.IDLE, 0, 1))
 
 
 def test_fallback_steps_do_not_dilute_acceptance_metrics(tmp_path):

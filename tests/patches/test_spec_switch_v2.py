@@ -12,56 +12,13 @@ import torch
 
 from sglang_cpu import (
     HIDDEN,
-    make_pools,
-    make_req,
-    make_server_args,
-    prefilled_decode_batch,
-    use_torch_kernels,
-    write_tiny_llama_config,
 )
-
-STEPS = 3
-NUM_DRAFT_TOKENS = STEPS + 1  # topk 1: a chain of steps + 1 tokens
-NUM_REQS = 6
-
-
-def v2_env(tmp_path, monkeypatch, **server_args):
-    """Pools and global server args for an overlap-scheduled topk-1 EAGLE-3 batch."""
-    model_path = write_tiny_llama_config(tmp_path / "model")
-    make_server_args(
-        model_path,
-        speculative_eagle_topk=1,
-        speculative_num_steps=STEPS,
-        speculative_num_draft_tokens=NUM_DRAFT_TOKENS,
-        disable_overlap_schedule=False,
-        **server_args,
-    )
-    use_torch_kernels(monkeypatch)
-    return make_pools(model_path)
+from switch_helpers import NUM_DRAFT_TOKENS, NUM_REQS, scheduler_for_output_processing, v2_decode_batch, v2_env
 
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
     return v2_env(tmp_path, monkeypatch)
-
-
-def _v2_decode_batch(env, n=NUM_REQS):
-    reqs = [make_req(f"r{i}", prompt_len=4 + i) for i in range(n)]
-    batch = prefilled_decode_batch(
-        env, reqs, [100 + i for i in range(n)], overlap=True, topk=1
-    )
-    return batch, reqs
-
-
-def _scheduler_for_output_processing():
-    from sglang.srt.managers.scheduler import Scheduler
-
-    scheduler = object.__new__(Scheduler)
-    # The processor reads the stride from the draft worker's configuration.
-    scheduler.draft_worker = types.SimpleNamespace(
-        speculative_num_draft_tokens=NUM_DRAFT_TOKENS
-    )
-    return scheduler
 
 
 def _fallback(batch, sampled):
@@ -82,7 +39,7 @@ def _fallback(batch, sampled):
 def test_fallback_is_a_plain_decode_on_the_reserved_slots(env):
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 
-    batch, reqs = _v2_decode_batch(env)
+    batch, reqs = v2_decode_batch(env)
     s = batch.seq_lens.clone()
     allocated = [r.kv_allocated_len for r in reqs]
     free = batch.token_to_kv_pool_allocator.available_size()
@@ -107,7 +64,7 @@ def test_fallback_is_a_plain_decode_on_the_reserved_slots(env):
 
 
 def test_fallback_result_has_the_verify_layout(env):
-    batch, _ = _v2_decode_batch(env)
+    batch, _ = v2_decode_batch(env)
     s = batch.seq_lens.clone()
     sampled = [200 + i for i in range(NUM_REQS)]
     _, _, result, returned = _fallback(batch, sampled)
@@ -134,7 +91,7 @@ def test_next_lengths_are_published_before_the_target_forward(env):
     prepare_plain_decode_v2 publishes them before the target is launched. Signalling after the
     forward made every fallback step wait for the GPU, as a server without overlap does.
     """
-    batch, _ = _v2_decode_batch(env)
+    batch, _ = v2_decode_batch(env)
     s = batch.seq_lens.clone()
     mwb = batch.get_model_worker_batch()
     from sglang.srt.speculative.spec_switch import prepare_plain_decode_v2
@@ -166,10 +123,10 @@ def test_next_batch_prepared_while_a_fallback_runs_leaves_its_slots_alone(env):
         prepare_plain_decode_v2,
     )
 
-    batch, reqs = _v2_decode_batch(env, n=3)
+    batch, reqs = v2_decode_batch(env, n=3)
     req_to_token = batch.req_to_token_pool.req_to_token
     rows = batch.req_pool_indices
-    scheduler = _scheduler_for_output_processing()
+    scheduler = scheduler_for_output_processing()
 
     def launch():
         mwb = batch.get_model_worker_batch()
@@ -212,7 +169,7 @@ def test_next_batch_prepared_while_a_fallback_runs_leaves_its_slots_alone(env):
 def test_draft_sync_covers_the_verify_window_from_position_s(env):
     from sglang.srt.speculative.spec_switch import prepare_draft_sync_v2
 
-    batch, _ = _v2_decode_batch(env)
+    batch, _ = v2_decode_batch(env)
     s = batch.seq_lens.clone()
     mwb, entry, _, _ = _fallback(batch, [200 + i for i in range(NUM_REQS)])
     prepare_draft_sync_v2(mwb, entry, batch.req_to_token_pool.req_to_token, NUM_DRAFT_TOKENS)
@@ -241,7 +198,7 @@ def test_future_map_keeps_shapes_and_dtypes_across_a_switch(env):
     from sglang.srt.speculative.eagle_info import EagleDraftInput
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    batch, _ = _v2_decode_batch(env)
+    batch, _ = v2_decode_batch(env)
     future_map = FutureMap(16, 256, 1024, torch.device("cpu"), SpeculativeAlgorithm.EAGLE3)
     # A speculative step's draft input initialises the buffers, as it does in the server.
     spec_indices = future_map.alloc_future_indices(NUM_REQS)
@@ -271,8 +228,8 @@ def test_one_step_late_processing_across_switches(env):
     """spec -> fallback -> spec: tokens, kv_committed_len and acceptance counters stay right."""
     from sglang.srt.managers.utils import GenerationBatchResult
 
-    batch, reqs = _v2_decode_batch(env, n=3)
-    scheduler = _scheduler_for_output_processing()
+    batch, reqs = v2_decode_batch(env, n=3)
+    scheduler = scheduler_for_output_processing()
     committed = [r.kv_committed_len for r in reqs]
 
     n = NUM_DRAFT_TOKENS
@@ -309,8 +266,8 @@ def test_next_decode_after_fallback_reserves_from_the_new_length(env):
     """The scheduler's next prepare_for_decode over-allocates from kv_committed_len + 1."""
     from sglang.srt.managers.utils import get_alloc_len_per_decode
 
-    batch, reqs = _v2_decode_batch(env, n=3)
-    scheduler = _scheduler_for_output_processing()
+    batch, reqs = v2_decode_batch(env, n=3)
+    scheduler = scheduler_for_output_processing()
     _, _, fallback, _ = _fallback(batch, [400, 401, 402])
     scheduler._resolve_spec_overlap_token_ids(fallback, batch)
     # resolve_future hands the next batch the fallback's new lengths.
