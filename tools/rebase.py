@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 
 from tools.apply import SeriesPatch, build_commits, classify, load_patches
@@ -44,7 +44,7 @@ from tools.rebase_port import (
     unmet_requirements,
     upstream_moves,
 )
-from tools.rebase_state import STATE_FILE, State, _outcomes, _range_diff, report_markdown
+from tools.rebase_state import STATE_FILE, State, _range_diff, report_markdown
 from tools.upstream import known_entry, materialise, pinned_ref, write_lock
 
 
@@ -80,23 +80,23 @@ def _start(project: Project, new_ref: str, patches: list[SeriesPatch]) -> tuple[
         old_head = build_commits(repo, old_base, patches, Path(scratch)) if patches else old_base
     new_base, _ = materialise(project, repo, new_ref)
     repo.run("checkout", "-q", "-f", "-B", "rebase", new_base)
-    state = State(old_ref, new_ref, old_base, old_head, new_base, [sp.path.name for sp in patches], [])
+    state = State(old_ref, new_ref, old_base, old_head, new_base, tuple(sp.path.name for sp in patches))
     return repo, state
 
 
-def _created_by(state: State, by_name: dict[str, SeriesPatch], outcomes: list[dict[str, str]]) -> dict[str, str]:
+def _created_by(by_name: dict[str, SeriesPatch], outcomes: list[PatchOutcome]) -> dict[str, str]:
     """Files created by earlier patches of the series that did not port: path -> patch name."""
     out: dict[str, str] = {}
     for o in outcomes:
-        if RebaseStatus(o["status"]).ported:
+        if o.status.ported:
             continue
-        for f in by_name[o["name"]].patch.files:
+        for f in by_name[o.name].patch.files:
             if f.source is None and f.target is not None:
-                out.setdefault(f.target, o["name"])
+                out.setdefault(f.target, o.name)
     return out
 
 
-def _port_or_block(repo: Git, sp: SeriesPatch, outcomes: list[dict[str, str]], check: bool,
+def _port_or_block(repo: Git, sp: SeriesPatch, outcomes: list[PatchOutcome], check: bool,
                    ctx: SeriesContext) -> PatchOutcome:
     unmet = unmet_requirements(sp, outcomes)
     if unmet:
@@ -115,11 +115,11 @@ def _run_patches(repo: Git, state: State, patches: list[SeriesPatch], check: boo
     renames, added = upstream_moves(repo, state.old_base, state.new_base)
     for name in state.names[len(state.outcomes):]:
         counter.step(name)
-        ctx = SeriesContext(state.new_ref, state.old_base, renames, _created_by(state, by_name, outcomes), added)
+        ctx = SeriesContext(state.new_ref, state.old_base, renames, _created_by(by_name, outcomes), added)
         o = _port_or_block(repo, by_name[name], outcomes, check, ctx)
         say(f"    {o.status.value}" + (f": {o.detail}" if o.detail else ""))
-        outcomes.append({"name": o.name, "status": o.status.value, "detail": o.detail})
-        state = State(**{**asdict(state), "outcomes": outcomes})
+        outcomes.append(o)
+        state = state.with_outcomes(outcomes)
         if o.status in (RebaseStatus.CONFLICT, RebaseStatus.BLOCKED) and not check:
             break
     return state
@@ -196,17 +196,18 @@ def run_rebase(project: Project, new_ref: str, *, check: bool = False, drop: boo
                     "(if upstream already has the change, `git am --skip` there, then CONTINUE=1 again)"
                 )
         outs = list(state.outcomes)
-        if outs and outs[-1]["status"] == RebaseStatus.CONFLICT.value:
+        if outs and outs[-1].status is RebaseStatus.CONFLICT:
+            last = outs[-1]
             if state.conflict_head and repo.head() == state.conflict_head:  # `git am --skip`
-                outs[-1] = {**outs[-1], "status": RebaseStatus.UPSTREAM.value,
-                            "detail": "resolved to nothing by hand (git am --skip): " + outs[-1].get("detail", "")}
+                outs[-1] = PatchOutcome(last.name, RebaseStatus.UPSTREAM,
+                                        "resolved to nothing by hand (git am --skip): " + last.detail)
             else:
-                outs[-1] = {**outs[-1], "status": RebaseStatus.RESOLVED.value}
-        state = State(**{**asdict(state), "outcomes": outs})
+                outs[-1] = PatchOutcome(last.name, RebaseStatus.RESOLVED, last.detail)
+        state = state.with_outcomes(outs)
     else:
         repo, state = _start(project, new_ref, patches)
     state = _run_patches(repo, state, patches, check)
-    outcomes = _outcomes(state)
+    outcomes = list(state.outcomes)
     stopped = outcomes and outcomes[-1].status is RebaseStatus.CONFLICT and not check
     blocked = outcomes and outcomes[-1].status is RebaseStatus.BLOCKED and not check
     note = "Report only (--check): nothing in the project was changed." if check else ""
@@ -217,7 +218,7 @@ def run_rebase(project: Project, new_ref: str, *, check: bool = False, drop: boo
             "was changed."
         )
     elif stopped:
-        state = State(**{**asdict(state), "conflict_head": repo.head() or ""})
+        state = replace(state, conflict_head=repo.head() or "")
         state.save(repo)
         note = (
             f"Stopped at {outcomes[-1].name}: resolve the conflicts in {path} (edit, `git add`), then "

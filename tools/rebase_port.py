@@ -204,9 +204,9 @@ def _hunk_notes(result: object) -> str:
     return f"{len(bad)} of {len(hunks)} hunks did not match exactly"
 
 
-def unmet_requirements(sp: SeriesPatch, outcomes: list[dict[str, str]]) -> list[str]:
+def unmet_requirements(sp: SeriesPatch, outcomes: list[PatchOutcome]) -> list[str]:
     """The patch's Requires that did not port, with what happened to them."""
-    status = {o["name"]: RebaseStatus(o["status"]) for o in outcomes}
+    status = {o.name: o.status for o in outcomes}
     return [f"{need} ({status[need].value if need in status else 'not in the series'})"
             for need in sp.patch.requires if need not in status or not status[need].provides]
 

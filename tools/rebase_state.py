@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from tools.gitutil import Git
 from tools.progress import count_summary
@@ -19,27 +19,33 @@ class State:
     old_base: str
     old_head: str
     new_base: str
-    names: list[str]
-    outcomes: list[dict[str, str]]
+    names: tuple[str, ...]
+    outcomes: tuple[PatchOutcome, ...] = ()
     conflict_head: str = ""  # HEAD when the rebase stopped at a conflict
 
     @property
     def complete(self) -> bool:
         return len(self.outcomes) == len(self.names) and not (
-            self.outcomes and self.outcomes[-1]["status"] == RebaseStatus.CONFLICT.value
+            self.outcomes and self.outcomes[-1].status is RebaseStatus.CONFLICT
         )
 
+    def with_outcomes(self, outcomes: list[PatchOutcome]) -> State:
+        return replace(self, outcomes=tuple(outcomes))
+
     def save(self, repo: Git) -> None:
-        (repo.path / ".git" / STATE_FILE).write_text(json.dumps(asdict(self), indent=1))
+        data = {**asdict(self), "outcomes": [{"name": o.name, "status": o.status.value, "detail": o.detail}
+                                             for o in self.outcomes]}
+        (repo.path / ".git" / STATE_FILE).write_text(json.dumps(data, indent=1))
 
     @staticmethod
-    def load(repo: Git) -> "State | None":
+    def load(repo: Git) -> State | None:
         p = repo.path / ".git" / STATE_FILE
-        return State(**json.loads(p.read_text())) if p.exists() else None
-
-
-def _outcomes(state: State) -> list[PatchOutcome]:
-    return [PatchOutcome(o["name"], RebaseStatus(o["status"]), o.get("detail", "")) for o in state.outcomes]
+        if not p.exists():
+            return None
+        data = json.loads(p.read_text())
+        outcomes = tuple(PatchOutcome(o["name"], RebaseStatus(o["status"]), o.get("detail", ""))
+                         for o in data.pop("outcomes"))
+        return State(**{**data, "names": tuple(data["names"]), "outcomes": outcomes})
 
 
 # -- report ---------------------------------------------------------------------------------
