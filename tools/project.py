@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +55,26 @@ def env_remote() -> str:
 
 
 def env_index_url() -> str:
-    return (os.environ.get("SGLANG_INDEX_URL") or DEFAULT_INDEX_URL).rstrip("/")
+    """SGLANG_INDEX_URL, else the index pip itself is configured with (PIP_INDEX_URL, pip.conf), else PyPI."""
+    return (os.environ.get("SGLANG_INDEX_URL") or pip_index_url() or DEFAULT_INDEX_URL).rstrip("/")
+
+
+def pip_index_url() -> str | None:
+    """The index-url of the user's pip configuration, as `pip config list` reports it."""
+    if os.environ.get("PIP_INDEX_URL"):
+        return os.environ["PIP_INDEX_URL"]
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                              timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = {}
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith(".index-url"):
+            found[key.split(".", 1)[0]] = value.strip().strip("'\"")
+    # pip's own precedence between sections: the command's section over global.
+    return found.get("download") or found.get("install") or found.get("global")
 
 
 def env_repo() -> str | None:

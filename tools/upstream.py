@@ -5,6 +5,11 @@ Sources, in order: ``SGLANG_REPO`` (a local clone or mirror), the upstream git r
 from ``SGLANG_INDEX_URL``. What was used is pinned in ``sglang.lock``; a later fetch that disagrees
 with it is an error, never a silent replacement. Archives are cached under ``.cache/sglang/`` so a
 second apply works offline.
+
+The index is the one pip is configured with unless SGLANG_INDEX_URL says otherwise. The release
+itself is fetched here rather than by `pip download`: for an sdist, pip first builds its metadata
+(seen: "Preparing metadata (pyproject.toml)" for sglang 0.5.9), which installs upstream's build
+backend from the index and runs it, and pip does not say which URL it fetched, which the lock records.
 """
 from __future__ import annotations
 

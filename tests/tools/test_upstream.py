@@ -221,3 +221,15 @@ def test_git_lock_mismatch_is_an_error(tmp_path: Path, proj: Path, monkeypatch: 
     git(up, "tag", "-f", "v1.0.0")
     assert tool(proj, "--tree", str(tmp_path / "fresh"), "apply") == 1
     assert "but sglang.lock pins" in capsys.readouterr().err
+
+
+def test_the_users_pip_index_is_used(proj: Path, index: FakeIndex, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without SGLANG_INDEX_URL, the index pip is configured with (a mirror, say) serves the release."""
+    conf = tmp_path / "pip.conf"
+    conf.write_text(f"[global]\nindex-url = {index.url}/simple\n")
+    monkeypatch.delenv("SGLANG_INDEX_URL")
+    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
+    assert tool(proj, "--ref", "v1.0.0", "apply") == 0
+    assert json.loads((proj / "sglang.lock").read_text())["url"].startswith(index.url)
