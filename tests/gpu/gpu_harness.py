@@ -34,6 +34,20 @@ WORKERS: dict[str, tuple[list[str], dict[str, str]]] = {
 }
 GREEDY = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
 LOGS_SEEN: list[Path] = []
+_RUNS: dict[str, Any] = {}
+
+
+def once(key: str, make: Any) -> Any:
+    """Each server run once per session, shared by the tests that read it; a failed start is
+    remembered, so every test of this run reports the same failure."""
+    if key not in _RUNS:
+        try:
+            _RUNS[key] = make()
+        except Exception as e:
+            _RUNS[key] = e
+    if isinstance(_RUNS[key], Exception):
+        raise _RUNS[key]
+    return _RUNS[key]
 SUMMARY: list[str] = []  # lines for pytest's terminal summary (and $SGL_TEST_LOG_DIR/summary.txt)
 
 

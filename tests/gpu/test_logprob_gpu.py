@@ -19,20 +19,6 @@ RAMP = [1, 5, 30, 70, 10, 1]  # crosses the switch threshold both ways
 LOGPROB_TOL = 0.05
 OUTPUT_ONLY = {"return_logprob": True, "top_logprobs_num": 3}
 FROM_START = {"return_logprob": True, "top_logprobs_num": 3, "logprob_start_len": 0}
-_CACHE: dict[str, Any] = {}
-
-
-def _once(key: str, make: Callable[[], Any]) -> Any:
-    if key not in _CACHE:
-        try:
-            _CACHE[key] = make()
-        except Exception as e:  # every test of this run reports the same failure
-            _CACHE[key] = e
-    if isinstance(_CACHE[key], Exception):
-        raise _CACHE[key]
-    return _CACHE[key]
-
-
 @pytest.fixture(scope="session")
 def load(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
     groups = H.ramp_prompts(RAMP)
@@ -43,7 +29,7 @@ def load(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
 
 
 def _run(load: dict[str, Any], name: str, spec_of: Callable[[H.Models], Any]) -> H.Run:
-    return _once(name, lambda: H.run_server(f"logprob-{name}", spec_of(load["models"]), load["tree"], load["logs"],
+    return H.once(name, lambda: H.run_server(f"logprob-{name}", spec_of(load["models"]), load["tree"], load["logs"],
                                             load["groups"], H.GREEDY, extra_by_prompt=load["asks"]))
 
 
@@ -51,7 +37,7 @@ def reference(load: dict[str, Any]) -> H.Run:
     # Every request asks, so divergences can be told from near-ties; the asked-for fields are a subset.
     everyone = {p: {"return_logprob": True, "top_logprobs_num": 5, "logprob_start_len": 0}
                 for g in load["groups"] for p in g}
-    return _once("nospec", lambda: H.run_server("logprob-nospec", H.nospec_spec(load["models"], H.tp_size()),
+    return H.once("nospec", lambda: H.run_server("logprob-nospec", H.nospec_spec(load["models"], H.tp_size()),
                                                 load["tree"], load["logs"], load["groups"], H.GREEDY,
                                                 extra_by_prompt=everyone))
 

@@ -6,7 +6,7 @@ tests below. Summary lines (quotable) are printed in pytest's terminal summary.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -14,21 +14,6 @@ import gpu_harness as H
 from gpu_harness import SUMMARY
 
 pytestmark = pytest.mark.gpu
-_CACHE: dict[str, Any] = {}
-
-
-def _once(key: str, make: Callable[[], Any]) -> Any:
-    if key not in _CACHE:
-        try:
-            _CACHE[key] = make()
-        except Exception as e:  # remember the failure: every test of this run reports it
-            _CACHE[key] = e
-    v = _CACHE[key]
-    if isinstance(v, Exception):
-        raise v
-    return v
-
-
 @pytest.fixture(scope="session")
 def ctx(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
     return {"tree": sgl_tree, "logs": log_dir, "fx": fixture_models, "groups": H.ramp_prompts()}
@@ -37,13 +22,13 @@ def ctx(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
 def ref_run(ctx: dict[str, Any], pair: str) -> H.Run:
     models = H.models_for(pair, ctx["fx"])
     flat = [p for g in ctx["groups"] for p in g]
-    return _once(f"ref-{pair}", lambda: H.reference(f"nospec-{pair}", models, ctx["tree"], ctx["logs"], flat, H.tp_size()))
+    return H.once(f"ref-{pair}", lambda: H.reference(f"nospec-{pair}", models, ctx["tree"], ctx["logs"], flat, H.tp_size()))
 
 
 def switch_run(ctx: dict[str, Any], worker: str, pair: str) -> H.Run:
     models = H.models_for(pair, ctx["fx"])
     spec = H.switch_spec(models, worker, H.tp_size())
-    return _once(f"{worker}-{pair}", lambda: H.run_server(f"switch-{worker}-{pair}", spec, ctx["tree"], ctx["logs"],
+    return H.once(f"{worker}-{pair}", lambda: H.run_server(f"switch-{worker}-{pair}", spec, ctx["tree"], ctx["logs"],
                                                           ctx["groups"], H.GREEDY))
 
 
@@ -129,7 +114,7 @@ def test_switch_server_batches_beyond_the_speculative_cap(ctx: dict[str, Any]) -
     spec = H.switch_spec(models, "v1", H.tp_size(), max_running_requests=None)
     concurrency = 2 * SPECULATIVE_REQUEST_CAP
     prompts = [p for g in ctx["groups"] for p in g][:concurrency]
-    run = _once("v1-exact-uncapped", lambda: H.run_server("switch-v1-exact-uncapped", spec, ctx["tree"], ctx["logs"],
+    run = H.once("v1-exact-uncapped", lambda: H.run_server("switch-v1-exact-uncapped", spec, ctx["tree"], ctx["logs"],
                                                           [prompts], H.GREEDY))
     assert not run.errors, f"{len(run.errors)} request(s) failed, first: {run.errors[0]}\nlog: {run.log_path}"
     rl = H.parse_log(run.log_text).get(0)
@@ -145,7 +130,7 @@ def test_switch_server_batches_beyond_the_speculative_cap(ctx: dict[str, Any]) -
 def test_tp2_ranks_agree(ctx: dict[str, Any]) -> None:
     models = H.models_for("exact", ctx["fx"])
     spec = H.switch_spec(models, "v1", 2, extra=["--enable-metrics-for-all-schedulers"])
-    run = _once("v1-exact-tp2", lambda: H.run_server("switch-v1-exact-tp2", spec, ctx["tree"], ctx["logs"],
+    run = H.once("v1-exact-tp2", lambda: H.run_server("switch-v1-exact-tp2", spec, ctx["tree"], ctx["logs"],
                                                      ctx["groups"], H.GREEDY))
     assert not run.errors, f"{len(run.errors)} request(s) failed at --tp 2, first: {run.errors[0]}"
     ranks = H.parse_log(run.log_text)
