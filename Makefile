@@ -40,7 +40,7 @@ help: ## list targets and variables
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
 	@echo
 	@echo "variables: SGLANG_REF (default: pinned in sglang.lock) SGLANG_REPO TREE FORCE=1 ALLOW_OFFSET=1"
-	@echo "           REFS='v0.5.10 v0.5.15' (status) CHECK=1 DROP=1 (rebase) OFFLINE=1 GPU_PER_PATCH=1 (test) PYTHON=$(PYTHON)"
+	@echo "           REFS='v0.5.10 v0.5.15' (status) CHECK=1 DROP=1 (rebase) OFFLINE=1 GPU_PER_PATCH=1 (test) PYTHON=$(PYTHON) BOOTSTRAP_PYTHON"
 
 apply: ## build build/sglang-<ref>: upstream base + one commit per patch (strict)
 	@$(SETUP)
@@ -76,5 +76,5 @@ bench: ## benchmarks (the bench package)
 	@$(SETUP)
 	$(PYTHON) -m bench $(BENCH_ARGS)
 
-bundle: check ## offline bundle for the lent H200 (.gpu) from the patched tree, stamped with the series
+bundle: check ## offline bundle (.gpu) of the patched tree for a GPU machine without network, stamped with the series
 	bash ci/gpu/make-bundle.sh $(TREE)
