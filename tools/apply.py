@@ -237,9 +237,9 @@ def apply_series(
             say(f"  {r.patch}: {r.status.value} ({r.summary()})")
         problems = [*loaded.problems, *hunk_problems(results, allow_offset)]
         if problems:
-            summary = failure_summary(results, ref, allow_offset) or f"the series has {len(loaded.problems)} problem(s)"
-            if loaded.problems and failure_summary(results, ref, allow_offset):
-                summary = f"{len(loaded.problems)} series/file problem(s); " + summary
+            failed = failure_summary(results, ref, allow_offset)
+            series = f"{len(loaded.problems)} series/file problem(s)" if loaded.problems else ""
+            summary = "; ".join(part for part in (series, failed) if part)
             raise ApplyError("\n".join([*problems, summary])
                              + ("\nNo tree was created." if fresh else f"\n{tree} was not changed."))
         head = build_commits(repo, base, patches, scratch)

@@ -11,6 +11,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from enum import Enum
+from importlib import metadata
 
 from tools.gitutil import Git
 
@@ -42,12 +43,13 @@ class FormatProblem:
 
 
 def missing_formatters() -> list[str]:
-    """Formatters that are absent or at another version than upstream pins."""
+    """Formatters that are absent or at another version than upstream pins (they run in this Python)."""
     out = []
     for module, want in (("black", BLACK_VERSION), ("isort", ISORT_VERSION)):
-        proc = subprocess.run([sys.executable, "-c", f"import {module}; print({module}.__version__)"],
-                              capture_output=True, text=True)
-        have = proc.stdout.strip() if proc.returncode == 0 else "not installed"
+        try:
+            have = metadata.version(module)
+        except metadata.PackageNotFoundError:
+            have = "not installed"
         if have != want:
             out.append(f"{module} {want} (found {have}; it is in ci/requirements.txt)")
     return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable, Iterable
+from typing import Callable, Iterable, TypeGuard
 
 from tools.patchfile import FilePatch, Hunk, Patch
 from tools.progress import count_summary
@@ -224,20 +224,25 @@ DAMAGED_NOTE = (
 )
 
 
-def _blob_matches(blob: str | None, text: str) -> bool | None:
-    """Whether ``text`` has the (possibly abbreviated) blob id; None when the patch names none."""
-    if not blob or set(blob) == {"0"}:
-        return None
-    return blob_id(text.encode("utf-8", "surrogateescape")).startswith(blob)
+def _names_blob(blob: str | None) -> TypeGuard[str]:
+    """The index line names a blob: not absent, not git's all-zero id of a missing file."""
+    return bool(blob) and set(blob or "") != {"0"}
+
+
+def _text_blob(text: str) -> str:
+    return blob_id(text.encode("utf-8", "surrogateescape"))
 
 
 def damaged_file(patch: str, fp: FilePatch, old_text: str | None, new_text: str) -> HunkResult | None:
     """The patch's own record of the result (its ``index <pre>..<post>`` line), checked where it can be:
     on the file the patch was made against. Elsewhere (a rebase onto a changed file) it cannot hold."""
-    made_against = old_text is None if fp.source is None else _blob_matches(fp.old_blob, old_text or "")
-    if not made_against or _blob_matches(fp.new_blob, new_text) is not False:
+    if fp.source is not None and not (_names_blob(fp.old_blob) and _text_blob(old_text or "").startswith(fp.old_blob)):
         return None
-    got = blob_id(new_text.encode("utf-8", "surrogateescape"))
+    if not _names_blob(fp.new_blob):
+        return None
+    got = _text_blob(new_text)
+    if got.startswith(fp.new_blob):
+        return None
     return HunkResult(patch, fp.path, "(whole file)", HunkStatus.DAMAGED, 0, expected=fp.new_blob, actual=got,
                       note=DAMAGED_NOTE.format(patch=patch))
 

@@ -68,13 +68,14 @@ def _seen_path(project: Project, ref: str) -> Path:
     return project.cache_dir / "seen" / f"{ref}.json"
 
 
-def known_entry(project: Project, ref: str) -> LockEntry | None:
-    """The committed lock for the pinned ref; for other refs what this checkout saw first (TOFU)."""
+def lock_path_for(project: Project, ref: str) -> Path:
+    """sglang.lock for the pinned ref; for other refs the record of what this checkout saw first (TOFU)."""
     lock = read_lock(project.lock_path)
-    if lock and lock.ref == ref:
-        return lock
-    seen = _seen_path(project, ref)
-    return read_lock(seen) if seen.exists() else None
+    return project.lock_path if lock and lock.ref == ref else _seen_path(project, ref)
+
+
+def known_entry(project: Project, ref: str) -> LockEntry | None:
+    return read_lock(lock_path_for(project, ref))
 
 
 def record_entry(project: Project, entry: LockEntry) -> None:
@@ -244,17 +245,18 @@ def _import_archive(project: Project, repo: Git, ref: str, dist: Dist,
 
 def lock_problems(entry: LockEntry, repo: Git, lock_name: str) -> list[str]:
     """Fields of a lock entry that contradict each other or the base commit built from it."""
-    probs = []
+    probs: list[str] = []
+    if entry.source == "git":  # its base is upstream's own commit, which records nothing of ours
+        return probs
     version = release_version(entry.ref)
-    if entry.source != "git":
-        filename = entry.url.rsplit("/", 1)[-1].split("#")[0]
-        if not version or not filename.startswith(f"sglang-{version}-") and filename != f"sglang-{version}.tar.gz":
-            probs.append(f"{lock_name}: ref {entry.ref} and url {entry.url} disagree: the url is not a release "
-                         f"archive of {entry.ref}")
+    filename = entry.url.rsplit("/", 1)[-1].split("#")[0]
+    if not version or not filename.startswith(f"sglang-{version}-") and filename != f"sglang-{version}.tar.gz":
+        probs.append(f"{lock_name}: ref {entry.ref} and url {entry.url} disagree: the url is not a release "
+                     f"archive of {entry.ref}")
     if entry.base_commit and repo.rev(entry.base_commit):
-        recorded = dict(re.findall(r"^(URL|SHA256|Commit): (\S+)$", repo.message(entry.base_commit), re.M))
-        for key, field_name, value in (("SHA256", "sha256", entry.sha256), ("URL", "url", entry.url),
-                                       ("Commit", "commit", entry.commit)):
+        # _base_message wrote these lines when the archive was imported.
+        recorded = dict(re.findall(r"^(URL|SHA256): (\S+)$", repo.message(entry.base_commit), re.M))
+        for key, field_name, value in (("SHA256", "sha256", entry.sha256), ("URL", "url", entry.url)):
             if key in recorded and recorded[key] != value:
                 probs.append(f"{lock_name}: field {field_name} is {value}, but the base commit "
                              f"{entry.base_commit[:12]} was built from {recorded[key]}")
@@ -309,8 +311,8 @@ def materialise(project: Project, repo: Git, ref: str, *, relock: bool = False) 
     if entry is not None:
         if env_repo() and entry.source != "git":
             say(f"note: sglang.lock pins {entry.describe()}; SGLANG_REPO is not used (--relock to re-pin)")
-        pinned = read_lock(project.lock_path)
-        lock_name = project.lock_path.name if pinned and pinned.ref == ref else str(_seen_path(project, ref))
+        path = lock_path_for(project, ref)
+        lock_name = path.name if path == project.lock_path else str(path)
         return _from_locked(project, repo, entry, lock_name), entry
     tried: list[str] = []
     for label, url in (("SGLANG_REPO", env_repo()), ("upstream remote", env_remote())):

@@ -55,7 +55,6 @@ def _rank_steps(env, rank: int):
         mwb = batch.get_model_worker_batch()
         with contextlib.suppress(Speculated):
             worker.forward_batch_generation(mwb)
-        batch.tree_cache = env.tree_cache
         for req in reqs:
             env.req_to_token_pool.free(req)
         env.allocator.free(batch.out_cache_loc)
