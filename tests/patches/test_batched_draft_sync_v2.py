@@ -90,7 +90,8 @@ class _Draft:
 def _worker(env, batch):
     from sglang.srt.server_args import get_global_server_args
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
-    from sglang.srt.speculative.spec_switch import BatchedDraftSyncV2, SpecSwitch
+    from sglang.srt.speculative.spec_switch import SpecSwitch
+    from sglang.srt.speculative.spec_switch_v2 import BatchedDraftSyncV2
 
     w = object.__new__(EAGLEWorkerV2)
     args = get_global_server_args()
@@ -169,6 +170,23 @@ def test_speculation_waits_one_step_for_the_rows_it_is_owed(env):
     assert worker.spec_switch.speculating
     assert worker.spec_switch.fallback_steps == N + 2 and worker.spec_switch.spec_steps == 0
     assert not worker.batched_draft_sync.owes(batch.get_model_worker_batch())
+
+
+def test_a_catch_up_step_counts_once_and_only_when_speculation_would_run():
+    from sglang.srt.speculative.spec_switch import SpecSwitch, StepKind
+
+    switch, asked = SpecSwitch(disable_batch_size=4, enable_batch_size=2), []
+
+    def behind(answer):
+        return lambda: asked.append(answer) or answer
+
+    assert switch.decide(5, draft_behind=behind(True)) is StepKind.FALLBACK
+    assert asked == [], "an off step does not ask whether the draft is behind"
+    assert switch.decide(2, draft_behind=behind(True)) is StepKind.CATCH_UP
+    assert switch.decide(2, draft_behind=behind(False)) is StepKind.SPECULATIVE
+    assert asked == [True, False]
+    assert (switch.spec_steps, switch.fallback_steps, switch.switches) == (1, 2, 2)
+    assert switch.speculating, "catching up does not switch speculation off"
 
 
 def test_a_request_that_joined_later_owes_fewer_rows(env):

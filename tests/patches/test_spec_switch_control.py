@@ -15,11 +15,11 @@ from switch_helpers import forward_batch, verify_graph_runner
 
 
 def test_hysteresis_switches_once_per_crossing():
-    from sglang.srt.speculative.spec_switch import SpecSwitch
+    from sglang.srt.speculative.spec_switch import SpecSwitch, StepKind
 
     switch = SpecSwitch(disable_batch_size=8, enable_batch_size=4)
     ramp = [1, 8, 9, 8, 7, 5, 9, 4, 5, 8, 9, 6]
-    decisions = [switch.should_speculate(bs) for bs in ramp]
+    decisions = [switch.decide(bs) is StepKind.SPECULATIVE for bs in ramp]
 
     assert decisions == [True, True, False, False, False, False, False, True, True, True, False, False]
     assert switch.switches == 3
@@ -31,10 +31,11 @@ def test_hysteresis_switches_once_per_crossing():
 
 
 def test_equal_thresholds_follow_the_batch_size_exactly():
-    from sglang.srt.speculative.spec_switch import SpecSwitch
+    from sglang.srt.speculative.spec_switch import SpecSwitch, StepKind
 
     switch = SpecSwitch(disable_batch_size=4, enable_batch_size=4)
-    assert [switch.should_speculate(bs) for bs in [4, 5, 4, 5]] == [True, False, True, False]
+    kinds = [switch.decide(bs) for bs in [4, 5, 4, 5]]
+    assert kinds == [StepKind.SPECULATIVE, StepKind.FALLBACK] * 2
 
 
 def test_switch_is_off_unless_configured(tmp_path):
@@ -181,9 +182,9 @@ def test_prometheus_counters_follow_the_switch():
 
     switch = SpecSwitch(8, 4)
     for bs in [1, 9, 9, 2]:
-        switch.should_speculate(bs)
+        switch.decide(bs)
     collector.log_spec_switch(switch)
-    switch.should_speculate(9)
+    switch.decide(9)
     collector.log_spec_switch(switch)
 
     value = lambda n: registry.get_sample_value(f"sglang:spec_switch_{n}_total", labels)  # noqa: E731

@@ -31,7 +31,7 @@ def _worker():
     worker.spec_switch = SpecSwitch(DISABLE, ENABLE)
     worker.batched_draft_sync = None
     worker.steps = []
-    worker.forward_plain_decode = lambda mwb, resume=False: worker.steps.append(("plain", len(mwb.seq_lens)))
+    worker.forward_plain_decode = lambda mwb, **_: worker.steps.append(("plain", len(mwb.seq_lens)))
 
     def draft(mwb):
         worker.steps.append(("speculate", len(mwb.seq_lens)))

@@ -23,7 +23,7 @@ def env(tmp_path, monkeypatch):
 
 def _fallback(batch, sampled):
     from sglang.srt.managers.utils import GenerationBatchResult
-    from sglang.srt.speculative.spec_switch import (
+    from sglang.srt.speculative.spec_switch_v2 import (
         finish_plain_decode_v2,
         prepare_plain_decode_v2,
     )
@@ -94,7 +94,7 @@ def test_next_lengths_are_published_before_the_target_forward(env):
     batch, _ = v2_decode_batch(env)
     s = batch.seq_lens.clone()
     mwb = batch.get_model_worker_batch()
-    from sglang.srt.speculative.spec_switch import prepare_plain_decode_v2
+    from sglang.srt.speculative.spec_switch_v2 import prepare_plain_decode_v2
 
     entry = prepare_plain_decode_v2(mwb, batch.req_to_token_pool.req_to_token)
 
@@ -118,7 +118,7 @@ def test_next_batch_prepared_while_a_fallback_runs_leaves_its_slots_alone(env):
     reads or writes on the GPU: its KV slot at position s and the draft sync's window s..s+n-1.
     """
     from sglang.srt.managers.utils import GenerationBatchResult
-    from sglang.srt.speculative.spec_switch import (
+    from sglang.srt.speculative.spec_switch_v2 import (
         finish_plain_decode_v2,
         prepare_plain_decode_v2,
     )
@@ -167,7 +167,7 @@ def test_next_batch_prepared_while_a_fallback_runs_leaves_its_slots_alone(env):
 
 
 def test_draft_sync_covers_the_verify_window_from_position_s(env):
-    from sglang.srt.speculative.spec_switch import prepare_draft_sync_v2
+    from sglang.srt.speculative.spec_switch_v2 import prepare_draft_sync_v2
 
     batch, _ = v2_decode_batch(env)
     s = batch.seq_lens.clone()

@@ -1,4 +1,4 @@
-"""The real series, with 0005 cut between two of its hunks (what `head -n` of the file gives), against
+"""The real series, with 0007 cut between two of its hunks (what `head -n` of the file gives), against
 the real 0.5.9 sdist: apply and check call it damaged and leave nothing built."""
 import os
 import shutil
@@ -11,7 +11,7 @@ from tools.cli import main
 from conftest import REAL_ROOT
 
 pytestmark = pytest.mark.network
-DAMAGED = "0005-plain-decode-graphs.patch"
+DAMAGED = "0007-plain-decode-graphs.patch"
 
 
 def _cut_after_hunks(text: str, keep: int) -> str:

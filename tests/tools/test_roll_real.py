@@ -7,7 +7,7 @@ rolled tree.
 * it applies (exact / offset / 3-way merged), or
 * it conflicts and a recorded hand resolution (``data/sglang-0.5.10-resolve-<patch stem>.diff``, the
   conflicted files' content on top of the rebase tree's HEAD) is applied, then ``--continue``: the
-  conflict workflow, for real. 0001 (SM120) and 0003 (v1 switch) need this on 0.5.10: upstream
+  conflict workflow, for real. 0001 (SM120), 0003 and 0004 (switch core, v1) need this on 0.5.10: upstream
   rewrote the lines they touch (0.5.10 has its own workspace-failure fallback and refactored the
   RMSNorm fusion path; it moved metrics/collector.py and renamed increment_cuda_graph_pass), or
 * it is upstream: a patch whose header says ``Upstream-Status: upstream since vX`` (vX <= the new
@@ -61,7 +61,7 @@ KNOWN_UPSTREAM_FAILURES = {
     "tests/patches/test_triton_draft_extend_v2.py::test_v1_draft_extend_replay_keeps_its_compacted_rows": 1,
     # 0.5.10's prefill token-ids logprobs take every request with input-logprob rows as asking for
     # token ids: one that asks for token_ids_logprob beside one that asks for nothing raises
-    # "TypeError: 'NoneType' object cannot be interpreted as an integer" (0007's case token-ids)
+    # "TypeError: 'NoneType' object cannot be interpreted as an integer" (0009's case token-ids)
     "tests/patches/test_logprob_draft_prefill_v2.py::test_input_logprob_branch_keeps_the_last_rows_aux_states": 1,
 }
 
