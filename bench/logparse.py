@@ -9,7 +9,7 @@ Tolerant of small format changes. Recognised:
 - the rank from the log prefix ``[... TP<k>]`` (rank 0 when absent);
 - Prometheus counters ``sglang:spec_switch_{spec_steps,fallback_steps,switches}_total``;
 - CUDA graph capture: ``Capture cuda graph bs [..]`` followed by ``Capture cuda graph end`` (the
-  target's own set) or ``Capture plain-decode cuda graph ... end`` (the 0005 patch's set), with their
+  target's own set) or ``Capture plain-decode cuda graph ... end`` (the plain-decode graphs patch's set), with their
   ``Time elapsed: X s`` and ``mem usage=Y GB``.
 """
 from __future__ import annotations

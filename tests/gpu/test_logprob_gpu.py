@@ -1,4 +1,4 @@
-"""Logprob requests in the load of an EAGLE-3 server (0007): a tenth of a ramp's requests ask for
+"""Logprob requests in the load of an EAGLE-3 server (0009): a tenth of a ramp's requests ask for
 top-3 logprobs, of the output only or from the prompt start. Unpatched 0.5.9, the first of them
 kills a v2 server; the v1 worker served them. Outputs and logprobs are checked against a
 no-speculation server's for the same requests.
