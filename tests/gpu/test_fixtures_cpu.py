@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -179,7 +180,7 @@ def test_a_set_finished_meanwhile_by_another_process_is_kept(tmp_path: Path, mon
     real_build_draft = fixtures.build_draft
     other: list[tuple[fixtures.Fixtures, int]] = []
 
-    def build_draft_while_another_finishes(*args: object, **kwargs: object) -> None:
+    def build_draft_while_another_finishes(*args: Any, **kwargs: Any) -> None:
         if not other:
             monkeypatch.setattr(fixtures, "build_draft", real_build_draft)
             done = fixtures.generate(params, tmp_path, quiet=True)

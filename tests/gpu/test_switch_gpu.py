@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from bench.logparse import captured_graph_sets
+
 import gpu_harness as H
 from gpu_harness import SUMMARY
 
@@ -90,8 +92,8 @@ def test_fallback_replays_cuda_graphs(ctx: dict[str, Any], worker: str) -> None:
 def test_graph_sets_cover_only_their_batch_sizes(ctx: dict[str, Any], worker: str) -> None:
     """Verify graphs stop at the size a batch of DISABLE pads to; DECODE graphs start above ENABLE."""
     run = switch_run(ctx, worker, "exact")
-    sets = H.captured_graph_sets(run.log_text)
-    ref = H.captured_graph_sets(ref_run(ctx, "exact").log_text)
+    sets = captured_graph_sets(run.log_text)
+    ref = captured_graph_sets(ref_run(ctx, "exact").log_text)
     SUMMARY.append(f"[{worker} exact] graph sets (bs, capture s, GB): "
                    + "; ".join(f"{g.kind} bs {g.sizes[0]}..{g.sizes[-1]} ({len(g.sizes)}) {g.seconds} s {g.gigabytes} GB"
                                for g in sets)
@@ -143,6 +145,7 @@ def test_tp2_ranks_agree(ctx: dict[str, Any]) -> None:
                                    f"({run.log_path}); the patch must log its switch events on every rank")
     assert events[0], "TP0 logged no switch"
     assert events[0] == events[1], f"ranks took different decisions: TP0 {events[0][:10]} vs TP1 {events[1][:10]}"
-    if counters.get(0) and counters.get(1):
+    first, second = counters.get(0), counters.get(1)
+    if first and second:
         # the last state line of each rank may be written at slightly different steps; switches must agree
-        assert counters[0]["switches"] == counters[1]["switches"]
+        assert first["switches"] == second["switches"]
