@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+if TYPE_CHECKING:  # bench.results imports Recommendation from here: its records are for types only
+    from bench.results import LevelRecord, RateKey
 
 HYSTERESIS = 0.75
 
@@ -103,7 +106,11 @@ def best_of_ratios(switch: Mapping[int, float], *refs: Mapping[int, float]) -> d
     return dict(sorted(out.items()))
 
 
-def series(levels: Sequence[Mapping[str, Any]], key: str = "tok_per_s") -> dict[int, float]:
-    """{concurrency: level[key]} from a config's level records (errored or missing ones left out)."""
-    return {int(lv["concurrency"]): float(lv[key]) for lv in levels
-            if not lv.get("errors") and float(lv.get(key) or 0) > 0}
+def series(levels: Sequence[LevelRecord], key: RateKey = "tok_per_s") -> dict[int, float]:
+    """{concurrency: rate} from a config's level records (errored ones and those without the rate left out)."""
+    out: dict[int, float] = {}
+    for lv in levels:
+        rate = lv.rate(key)
+        if not lv.errors and rate is not None and rate > 0:
+            out[lv.concurrency] = float(rate)
+    return out

@@ -8,11 +8,10 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import shlex
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,16 @@ from bench.analysis import hysteresis
 from bench.configs import BASELINE_NOSPEC, BASELINE_SPEC, CONFIGS, DEFAULT_CONFIGS, Config, parse_configs
 from bench.fixtures import FixtureError
 from bench.logparse import captured_graph_sets, parse_log, parse_metrics
+from bench.results import (
+    Analysis,
+    ConfigRecord,
+    LevelRecord,
+    ProfileRecord,
+    ResultsError,
+    RunResults,
+    SwitchCounters,
+    read_results,
+)
 from bench.server import PROJECT_ROOT, Server, ServerError, ServerSpec, TreeError, base_flags, check_tree, resolve_tree
 
 FULL_LEVELS = [1, 2, 5, 10, 30, 70, 100, 250]
@@ -113,121 +122,166 @@ def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _switch_thresholds(cfg: Config, args: argparse.Namespace, results: dict[str, Any], levels: list[int]) -> tuple[int, int]:
-    if args.switch_thresholds:
-        return args.switch_thresholds
-    src = json.loads(args.thresholds_from.read_text()) if args.thresholds_from else report.analyse(results)
-    recs = src.get("recommendations") or {}
-    rec = recs.get(cfg.baseline) or src.get("recommendation")
-    if not rec or rec["kind"] == "insufficient":
+@dataclass(frozen=True)
+class RunSettings:
+    """What each config's sweep does, fixed once from the command line (the --quick defaults applied)."""
+    levels: tuple[int, ...]
+    num_requests: int  # per level, at least waves x the level
+    waves: int
+    max_new_tokens: int
+    temperature: float
+    ignore_eos: bool
+    tp: int
+    max_running_requests: int
+    extra_flags: str  # for every config's server, one string
+    switch_thresholds: tuple[int, int] | None  # N, M for the switch configs; None: from a recommendation
+    thresholds_from: Path | None  # results.json whose recommendation to use
+    profile_at: int | None  # profile one wave at this concurrency after the levels
+    profile_steps: int
+    keep_traces: bool
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RunSettings:
+        quick = args.quick
+        return cls(
+            levels=tuple(args.concurrency or (QUICK_LEVELS if quick else FULL_LEVELS)),
+            num_requests=args.num_requests if args.num_requests is not None else (10 if quick else 30),
+            waves=args.waves if args.waves is not None else (1 if quick else 3),
+            max_new_tokens=args.max_new_tokens or (128 if quick else 512), temperature=args.temperature,
+            ignore_eos=not args.no_ignore_eos, tp=args.tp, max_running_requests=args.max_running_requests,
+            extra_flags=args.extra_flags, switch_thresholds=args.switch_thresholds,
+            thresholds_from=args.thresholds_from, profile_at=args.profile_at, profile_steps=args.profile_steps,
+            keep_traces=args.keep_traces)
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        return {"temperature": self.temperature, "max_new_tokens": self.max_new_tokens, "ignore_eos": self.ignore_eos}
+
+
+@dataclass(frozen=True)
+class RunTarget:
+    """What the configs' servers serve and are sent, and where the run writes."""
+    tree: Path
+    model: str
+    draft: str | None
+    prompts: tuple[str, ...]
+    out: Path
+
+    def prompts_for_level(self, n: int, offset: int = 0) -> list[str]:
+        return client.prompts_for_level(list(self.prompts), n, offset)
+
+
+def _switch_thresholds(cfg: Config, settings: RunSettings, results: RunResults) -> tuple[int, int]:
+    if settings.switch_thresholds:
+        return settings.switch_thresholds
+    src = read_results(settings.thresholds_from)[1] if settings.thresholds_from else report.analyse(results)
+    rec = src.recommendations.get(cfg.baseline) or src.recommendation
+    if not rec or rec.kind == "insufficient":
         raise BenchError(f"{cfg.name} needs thresholds: run {BASELINE_NOSPEC} and {cfg.baseline} (or {BASELINE_SPEC}) "
                          "first in the same run, or pass --switch-thresholds N,M or --thresholds-from results.json")
-    if rec["kind"] == "always":  # never switch off within the sweep
-        n = max(levels)
+    if rec.kind == "always":  # never switch off within the sweep
+        n = max(settings.levels)
         return n, hysteresis(n)
-    return int(rec["disable_batch_size"]), int(rec["enable_batch_size"])
+    if rec.disable_batch_size is None or rec.enable_batch_size is None:
+        raise BenchError(f"{cfg.name}: the {rec.kind} recommendation gives no thresholds")
+    return rec.disable_batch_size, rec.enable_batch_size
 
 
 def requests_for_level(num_requests: int, waves: int, concurrency: int) -> int:
     return max(num_requests, waves * concurrency)
 
 
-def run_config(cfg: Config, args: argparse.Namespace, tree: Path, model: str, draft: str | None,
-               prompts: list[str], levels: list[int], results: dict[str, Any], out: Path) -> None:
-    flags = base_flags() + list(cfg.flags) + ["--enable-metrics", "--max-running-requests", str(args.max_running_requests)]
+def _server_flags(cfg: Config, settings: RunSettings, results: RunResults) -> list[str]:
+    flags = base_flags() + list(cfg.flags) + ["--enable-metrics", "--max-running-requests", str(settings.max_running_requests)]
     if cfg.switch:
-        n, m = _switch_thresholds(cfg, args, results, levels)
+        n, m = _switch_thresholds(cfg, settings, results)
         say(f"[{cfg.name}] thresholds: disable above {n}, enable at <= {m}")
         flags += ["--speculative-disable-batch-size", str(n), "--speculative-enable-batch-size", str(m)]
-    flags += shlex.split(args.extra_flags)
-    if cfg.speculative and not draft:
+    return flags + shlex.split(settings.extra_flags)
+
+
+def run_config(cfg: Config, settings: RunSettings, target: RunTarget, results: RunResults) -> None:
+    """Serve one config and sweep it; results.configs[cfg.name] holds what it measured so far."""
+    flags = _server_flags(cfg, settings, results)
+    if cfg.speculative and not target.draft:
         raise BenchError(f"{cfg.name} needs --draft-model")
-    spec = ServerSpec(model, draft, args.tp, flags, dict(cfg.env))
-    entry: dict[str, Any] = {"flags": flags, "env": dict(cfg.env), "compare_to": list(cfg.compare_to), "levels": []}
-    results["configs"][cfg.name] = entry
-    log = out / "logs" / f"{cfg.name}.log"
-    sampling = {"temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "ignore_eos": not args.no_ignore_eos}
+    spec = ServerSpec(target.model, target.draft, settings.tp, flags, dict(cfg.env))
+    entry = results.configs[cfg.name] = ConfigRecord(flags=tuple(flags), env=dict(cfg.env), compare_to=cfg.compare_to)
+    log = target.out / "logs" / f"{cfg.name}.log"
     t0 = time.monotonic()
-    with Server(spec, log, tree) as srv:
+    with Server(spec, log, target.tree) as srv:
         say(f"[{cfg.name}] server up in {time.monotonic() - t0:.0f}s: {srv.command}")
-        entry["startup_s"] = round(time.monotonic() - t0, 1)
+        entry = results.configs[cfg.name] = replace(entry, startup_s=round(time.monotonic() - t0, 1))
         # A fresh server's first requests pay for triton JIT compiles; keep that out of the
         # first measured level.
-        for c in sorted({1, max(levels)}):
-            client.run_level(srv.url, client.prompts_for_level(prompts, c), c, {**sampling, "max_new_tokens": 8})
-        for c in levels:
-            n = requests_for_level(args.num_requests, args.waves, c)
-            batch = client.prompts_for_level(prompts, n)
-            client.flush_cache(srv.url)
-            before = parse_metrics(client.get_metrics(srv.url))
-            tty = sys.stderr.isatty()
-
-            def progress(done: int, total: int, c: int = c, tty: bool = tty) -> None:
-                if tty:
-                    print(f"\r[{cfg.name}] C={c}: {done}/{total}", end="", file=sys.stderr, flush=True)
-
-            lr = client.run_level(srv.url, batch, c, sampling, on_done=progress)
-            after = parse_metrics(client.get_metrics(srv.url))
-            counters = None
-            if after is not None:
-                b = before.as_dict() if before else {k: 0 for k in after.as_dict()}
-                counters = {k: v - b[k] for k, v in after.as_dict().items()}
-            rec = {"concurrency": c, "requests": n, "output_tokens": lr.output_tokens, "wall_s": round(lr.wall_s, 3),
-                   "tok_per_s": round(lr.tok_per_s, 1), "errors": lr.errors[:5] + ([f"... {len(lr.errors)} errors"] if len(lr.errors) > 5 else []),
-                   "counters": counters}
-            entry["levels"].append(rec)
-            say(("\r" if tty else "") + f"[{cfg.name}] C={c:>3} n={n:>3}: {lr.tok_per_s:9.1f} tok/s  wall {lr.wall_s:6.1f}s"
-                + (f"  counters {counters}" if counters else "") + (f"  ERRORS {len(lr.errors)}: {lr.errors[0]}" if lr.errors else ""))
-            _save(results, out, plot=False)
-        if args.profile_at:
-            entry["profile"] = _profile(cfg.name, srv.url, prompts, sampling, args, out, log)
+        for c in sorted({1, max(settings.levels)}):
+            client.run_level(srv.url, target.prompts_for_level(c), c, {**settings.sampling, "max_new_tokens": 8})
+        entry = _run_levels(cfg.name, srv.url, settings, target, results)
+        if settings.profile_at:
+            profiled = _profile(cfg.name, srv.url, settings.profile_at, settings, target, log)
+            entry = results.configs[cfg.name] = replace(entry, profile=profiled)
     log_text = log.read_text(errors="replace")
-    entry["graph_sets"] = [dataclasses.asdict(g) for g in captured_graph_sets(log_text)]
-    report.fill_decode_rates(entry, log_text)
     ranks = parse_log(log_text)
-    entry["log_counters"] = {str(r): (rl.counters.as_dict() if rl.counters else None) for r, rl in ranks.items()}
+    results.configs[cfg.name] = replace(
+        report.with_decode_rates(entry, log_text), graph_sets=tuple(captured_graph_sets(log_text)),
+        log_counters={r: (SwitchCounters.of(rl.counters) if rl.counters else None) for r, rl in ranks.items()})
 
 
-def _profile(name: str, url: str, prompts: list[str], sampling: dict[str, Any], args: argparse.Namespace,
-             out: Path, log: Path) -> dict[str, Any]:
-    c, traces = args.profile_at, out / "profiles" / name
+def _run_levels(name: str, url: str, settings: RunSettings, target: RunTarget, results: RunResults) -> ConfigRecord:
+    """Measure each level in turn, saving the run after each; the config's record with its levels."""
+    entry = results.configs[name]
+    for c in settings.levels:
+        level = _run_level(name, url, c, settings, target)
+        entry = results.configs[name] = replace(entry, levels=(*entry.levels, level))
+        _save(results, target.out, plot=False)
+    return entry
+
+
+def _run_level(name: str, url: str, c: int, settings: RunSettings, target: RunTarget) -> LevelRecord:
+    n = requests_for_level(settings.num_requests, settings.waves, c)
+    batch = target.prompts_for_level(n)
+    client.flush_cache(url)
+    before = parse_metrics(client.get_metrics(url))
+    tty = sys.stderr.isatty()
+
+    def progress(done: int, total: int) -> None:
+        if tty:
+            print(f"\r[{name}] C={c}: {done}/{total}", end="", file=sys.stderr, flush=True)
+
+    lr = client.run_level(url, batch, c, settings.sampling, on_done=progress)
+    after = parse_metrics(client.get_metrics(url))
+    counters = None
+    if after is not None:
+        counters = SwitchCounters.of(after).minus(SwitchCounters.of(before) if before else SwitchCounters(0, 0, 0))
+    errors = lr.errors[:5] + ([f"... {len(lr.errors)} errors"] if len(lr.errors) > 5 else [])
+    say(("\r" if tty else "") + f"[{name}] C={c:>3} n={n:>3}: {lr.tok_per_s:9.1f} tok/s  wall {lr.wall_s:6.1f}s"
+        + (f"  counters {counters.to_json()}" if counters is not None else "") + (f"  ERRORS {len(lr.errors)}: {lr.errors[0]}" if lr.errors else ""))
+    return LevelRecord(concurrency=c, requests=n, output_tokens=lr.output_tokens, wall_s=round(lr.wall_s, 3),
+                       tok_per_s=round(lr.tok_per_s, 1), errors=tuple(errors), counters=counters)
+
+
+def _profile(name: str, url: str, c: int, settings: RunSettings, target: RunTarget, log: Path) -> ProfileRecord:
+    traces = target.out / "profiles" / name
     try:
-        summary = profile.profile_level(url, client.prompts_for_level(prompts, c, offset=c), c, sampling,
-                                        out_dir=traces, log_path=log, num_steps=args.profile_steps)
+        summary = profile.profile_level(url, target.prompts_for_level(c, offset=c), c, settings.sampling,
+                                        out_dir=traces, log_path=log, num_steps=settings.profile_steps)
     except profile.ProfileError as e:
         say(f"[{name}] profile at C={c} failed: {e}")
-        return {"concurrency": c, "error": str(e)}
+        return ProfileRecord(c, error=str(e))
     finally:
-        if not args.keep_traces:
+        if not settings.keep_traces:
             for f in traces.glob("*.trace.json*"):
                 f.unlink()
     say(f"[{name}] profile at C={c}: GPU idle {100 * summary.gpu_idle_fraction:.0f}% of {summary.window_ms:.1f} ms")
-    return {"concurrency": c, **summary.as_dict()}
+    return ProfileRecord(c, summary=summary)
 
 
-def _save(results: dict[str, Any], out: Path, plot: bool) -> dict[str, Path | None]:
-    report.analyse(results)
-    paths: dict[str, Path | None] = {"json": report.write_json(results, out / "results.json"),
-                                     "csv": report.write_csv(results, out / "results.csv"),
-                                     "md": report.write_markdown(results, out / "results.md")}
-    paths["png"] = report.write_plot(results, out / "throughput.png") if plot else None
-    return paths
+def _save(results: RunResults, out: Path, plot: bool) -> tuple[Analysis, dict[str, Path | None]]:
+    return report.write_all(results, out, plot=plot)
 
 
-def run(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
-    levels = args.concurrency or (QUICK_LEVELS if args.quick else FULL_LEVELS)
-    args.num_requests = args.num_requests if args.num_requests is not None else (10 if args.quick else 30)
-    args.waves = args.waves if args.waves is not None else (1 if args.quick else 3)
-    args.max_new_tokens = args.max_new_tokens or (128 if args.quick else 512)
-    try:
-        cfgs = parse_configs(args.configs)
-    except ValueError as e:
-        raise BenchUsageError(str(e)) from None
-    out = args.out or PROJECT_ROOT / "build" / "bench" / time.strftime("%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
-    tree = resolve_tree(args.tree)
-    imported = check_tree(tree)
+def _target(args: argparse.Namespace, tree: Path, out: Path) -> RunTarget:
+    """The models (the fixtures unless --model) and the prompts."""
     model, draft = args.model, args.draft_model
     if model is None:
         fx = fixtures.generate(fixtures.PRESETS[args.fixture_preset])
@@ -239,18 +293,51 @@ def run(argv: list[str]) -> int:
         raise BenchUsageError(f"--prompts: {e}") from None
     if args.chat_template:
         prompts = client.apply_chat_template(prompts, model)
-    results: dict[str, Any] = {"meta": {
-        "model": model, "draft_model": draft, "fixture_preset": None if args.model else args.fixture_preset,
-        "tp": args.tp, "levels": ",".join(map(str, levels)),
-        "num_requests": args.num_requests, "waves": args.waves, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-        "prompts": str(args.prompts or client.DEFAULT_PROMPTS.name), "sglang": imported,
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "extra_flags": args.extra_flags}, "configs": {}}
-    say(f"bench: {len(cfgs)} config(s) x levels {levels}, max({args.num_requests}, {args.waves} x C) requests, "
-        f"{args.max_new_tokens} new tokens -> {out}")
+    return RunTarget(tree, model, draft, tuple(prompts), out)
+
+
+def _meta(args: argparse.Namespace, settings: RunSettings, target: RunTarget, imported: str) -> dict[str, Any]:
+    return {
+        "model": target.model, "draft_model": target.draft, "fixture_preset": None if args.model else args.fixture_preset,
+        "tp": settings.tp, "levels": ",".join(map(str, settings.levels)),
+        "num_requests": settings.num_requests, "waves": settings.waves, "max_new_tokens": settings.max_new_tokens,
+        "temperature": settings.temperature, "prompts": str(args.prompts or client.DEFAULT_PROMPTS.name), "sglang": imported,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "extra_flags": settings.extra_flags}
+
+
+def run(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    settings = RunSettings.from_args(args)
+    try:
+        cfgs = parse_configs(args.configs)
+    except ValueError as e:
+        raise BenchUsageError(str(e)) from None
+    out = args.out or PROJECT_ROOT / "build" / "bench" / time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    tree = resolve_tree(args.tree)
+    imported = check_tree(tree)
+    target = _target(args, tree, out)
+    results = RunResults(meta=_meta(args, settings, target, imported))
+    say(f"bench: {len(cfgs)} config(s) x levels {list(settings.levels)}, max({settings.num_requests}, "
+        f"{settings.waves} x C) requests, {settings.max_new_tokens} new tokens -> {out}")
+    failed = _run_configs(cfgs, settings, target, results, args.time_budget)
+    analysis, paths = _save(results, out, plot=True)
+    print(report.markdown(results, analysis))
+    rec = analysis.recommendation
+    if rec and rec.flags:
+        print(f"recommended server flags: {rec.flags}")
+    say("wrote " + ", ".join(str(p) for p in paths.values() if p)
+        + ("" if paths["png"] else " (no plot: matplotlib is not installed; `python -m bench report` it elsewhere)"))
+    return 1 if failed else 0
+
+
+def _run_configs(cfgs: list[Config], settings: RunSettings, target: RunTarget, results: RunResults,
+                 time_budget: float | None) -> list[str]:
+    """Run each config in turn (saving after each); the names of those that failed or were skipped."""
     t_start, failed = time.monotonic(), []
     durations: list[float] = []
     for i, cfg in enumerate(cfgs, 1):
-        skip = budget_verdict(args.time_budget, time.monotonic() - t_start, durations)
+        skip = budget_verdict(time_budget, time.monotonic() - t_start, durations)
         if skip:
             say(f"[{cfg.name}] skipped: {skip}")
             failed.append(cfg.name)
@@ -258,21 +345,14 @@ def run(argv: list[str]) -> int:
         say(f"== config {i}/{len(cfgs)}: {cfg.name} ({cfg.help})")
         t_cfg = time.monotonic()
         try:
-            run_config(cfg, args, tree, model, draft, prompts, levels, results, out)
+            run_config(cfg, settings, target, results)
         except (ServerError, BenchError) as e:
             say(f"[{cfg.name}] FAILED: {e}")
-            results["configs"].setdefault(cfg.name, {})["failed"] = str(e)[:2000]
+            results.configs[cfg.name] = replace(results.configs.get(cfg.name, ConfigRecord()), failed=str(e)[:2000])
             failed.append(cfg.name)
         durations.append(time.monotonic() - t_cfg)
-        _save(results, out, plot=False)
-    paths = _save(results, out, plot=True)
-    print(report.markdown(results))
-    rec = results.get("recommendation")
-    if rec and rec.get("flags"):
-        print(f"recommended server flags: {rec['flags']}")
-    say("wrote " + ", ".join(str(p) for p in paths.values() if p)
-        + ("" if paths["png"] else " (no plot: matplotlib is not installed; `python -m bench report` it elsewhere)"))
-    return 1 if failed else 0
+        _save(results, target.out, plot=False)
+    return failed
 
 
 def budget_verdict(budget: float | None, elapsed: float, durations: list[float]) -> str | None:
@@ -305,19 +385,19 @@ def report_main(argv: list[str]) -> int:
         if not f.is_file():
             print(f"bench report: no results at {f}", file=sys.stderr)
             return 2
-        parts.append(json.loads(f.read_text(encoding="utf-8")))
+        parts.append(read_results(f)[0])  # the analysis is redone from the merged configs
     out = args.out or (args.inputs[0] if args.inputs[0].is_dir() else args.inputs[0].parent)
     out.mkdir(parents=True, exist_ok=True)
     results = report.merge(*parts)
     if args.logs:
-        missing = [n for n in results["configs"] if not (args.logs / f"{n}.log").is_file()]
+        missing = [n for n in results.configs if not (args.logs / f"{n}.log").is_file()]
         if missing:
             print(f"bench report: no server log for {', '.join(missing)} in {args.logs}", file=sys.stderr)
             return 2
-        for name, c in results["configs"].items():
-            report.fill_decode_rates(c, (args.logs / f"{name}.log").read_text(errors="replace"))
-    paths = _save(results, out, plot=True)
-    print(report.markdown(results))
+        results.configs = {name: report.with_decode_rates(c, (args.logs / f"{name}.log").read_text(errors="replace"))
+                           for name, c in results.configs.items()}
+    analysis, paths = _save(results, out, plot=True)
+    print(report.markdown(results, analysis))
     say("wrote " + ", ".join(str(p) for p in paths.values() if p))
     return 0
 
@@ -335,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     except BenchUsageError as e:
         print(f"bench: usage: {e}", file=sys.stderr)
         return 2
-    except (TreeError, BenchError, FixtureError) as e:
+    except (TreeError, BenchError, FixtureError, ResultsError) as e:
         print(f"bench: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

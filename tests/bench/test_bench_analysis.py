@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import report  # noqa: E402
 from bench.analysis import _crossing, best_of_ratios, hysteresis, recommend  # noqa: E402
+from bench.results import Analysis, ConfigRecord, LevelRecord, RunResults, SwitchCounters  # noqa: E402
 
 LEVELS = [1, 2, 5, 10, 30, 70, 100, 250]
 # anchors.md section 1: the user's 8x RTX PRO 6000 box, Kimi-K2.5, SGLang 0.5.9 (tok/s)
@@ -104,26 +107,34 @@ def test_best_of_ratios() -> None:
     assert r == {1: pytest.approx(0.9), 10: pytest.approx(500 / 600)}  # 30: no reference
 
 
-def _levels(series: dict[int, float], counters: bool = False) -> list[dict]:
-    return [{"concurrency": c, "requests": max(30, c), "output_tokens": int(v * 10), "wall_s": 10.0, "tok_per_s": v,
-             "errors": [], "counters": {"spec_steps": 5, "fallback_steps": 7, "switches": 2} if counters else None}
-            for c, v in series.items()]
+def _levels(series: dict[int, float], counters: bool = False) -> tuple[LevelRecord, ...]:
+    return tuple(LevelRecord(concurrency=c, requests=max(30, c), output_tokens=int(v * 10), wall_s=10.0, tok_per_s=v,
+                             counters=SwitchCounters(5, 7, 2) if counters else None)
+                 for c, v in series.items())
 
 
-def user_results() -> dict:
+def user_results() -> RunResults:
     switch = {c: max(USER_NOSPEC[c], USER_SPEC[c]) * (0.97 if c != 10 else 0.9) for c in LEVELS}
-    return {"meta": {"model": "kimi", "tp": 8}, "configs": {
-        "nospec": {"flags": [], "env": {}, "compare_to": [], "levels": _levels(USER_NOSPEC)},
-        "spec": {"flags": ["--speculative-algorithm", "EAGLE3"], "env": {}, "compare_to": [], "levels": _levels(USER_SPEC)},
-        "switch-v1": {"flags": ["--speculative-algorithm", "EAGLE3", "--speculative-disable-batch-size", "0"], "env": {},
-                      "compare_to": ["nospec", "spec"], "levels": _levels(switch, counters=True)},
-    }}
+    return RunResults(meta={"model": "kimi", "tp": 8}, configs={
+        "nospec": ConfigRecord(flags=(), levels=_levels(USER_NOSPEC)),
+        "spec": ConfigRecord(flags=("--speculative-algorithm", "EAGLE3"), levels=_levels(USER_SPEC)),
+        "switch-v1": ConfigRecord(flags=("--speculative-algorithm", "EAGLE3", "--speculative-disable-batch-size", "0"),
+                                  compare_to=("nospec", "spec"), levels=_levels(switch, counters=True)),
+    })
+
+
+def _with_level(c: ConfigRecord, i: int, **changes: Any) -> ConfigRecord:
+    levels = list(c.levels)
+    levels[i] = dataclasses.replace(levels[i], **changes)
+    return dataclasses.replace(c, levels=tuple(levels))
 
 
 def test_writers(tmp_path: Path) -> None:
     res = user_results()
-    res["configs"]["spec"]["levels"][2]["errors"] = ["HTTP 500: boom"]
-    paths = report.write_all(res, tmp_path)
+    res.configs["spec"] = _with_level(res.configs["spec"], 2, errors=("HTTP 500: boom",))
+    analysis, paths = report.write_all(res, tmp_path)
+    assert isinstance(analysis, Analysis) and analysis.recommendation is not None
+    assert paths["json"] is not None and paths["csv"] is not None and paths["md"] is not None
     data = json.loads(paths["json"].read_text())
     assert data["recommendation"]["kind"] == "never"
     assert data["ratios"]["switch-v1"]["1"] == pytest.approx(0.97)
@@ -149,8 +160,8 @@ def test_writers(tmp_path: Path) -> None:
 def test_json_keeps_the_order_configs_ran_in(tmp_path: Path) -> None:
     # `bench report` redraws the tables from results.json; they must list configs as the run did.
     res = user_results()
-    res["configs"] = {k: res["configs"][k] for k in ("switch-v1", "spec", "nospec")}
-    path = report.write_json(res, tmp_path / "results.json")
+    res.configs = {k: res.configs[k] for k in ("switch-v1", "spec", "nospec")}
+    path = report.write_json(res, report.analyse(res), tmp_path / "results.json")
     assert list(json.loads(path.read_text())["configs"]) == ["switch-v1", "spec", "nospec"]
 
 
@@ -165,26 +176,31 @@ def test_plot_is_optional(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
         return real(name, *a, **k)
 
     monkeypatch.setattr(builtins, "__import__", no_mpl)
-    paths = report.write_all(user_results(), tmp_path)
-    assert paths["png"] is None and paths["json"].is_file() and paths["md"].is_file() and paths["csv"].is_file()
+    _, paths = report.write_all(user_results(), tmp_path)
+    assert paths["png"] is None
+    assert all(p is not None and p.is_file() for k, p in paths.items() if k != "png")
 
 
 def test_merge_recomputes(tmp_path: Path) -> None:
     res = user_results()
-    a = {"meta": res["meta"], "configs": {"nospec": res["configs"]["nospec"]}}
-    b = {"meta": {}, "configs": {k: v for k, v in res["configs"].items() if k != "nospec"}}
+    a = RunResults(meta=res.meta, configs={"nospec": res.configs["nospec"]})
+    b = RunResults(meta={}, configs={k: v for k, v in res.configs.items() if k != "nospec"})
     merged = report.merge(a, b)
-    assert set(merged["configs"]) == {"nospec", "spec", "switch-v1"}
-    assert merged["recommendation"]["kind"] == "never" and "switch-v1" in merged["ratios"]
+    assert list(merged.configs) == ["nospec", "spec", "switch-v1"] and merged.meta == res.meta
+    analysis = report.analyse(merged)
+    assert analysis.recommendation is not None and analysis.recommendation.kind == "never"
+    assert "switch-v1" in analysis.ratios
 
 
 def test_per_baseline_recommendations() -> None:
     res = user_results()
-    res["configs"]["spec-v2"] = {"flags": ["--speculative-algorithm", "EAGLE3"], "env": {}, "compare_to": [],
-                                 "levels": _levels({c: USER_NOSPEC[c] * (1.3 if c <= 5 else 0.5) for c in LEVELS})}
-    report.analyse(res)
-    assert set(res["recommendations"]) == {"spec", "spec-v2"}  # the switch config is not a baseline
-    v2 = res["recommendations"]["spec-v2"]
-    assert v2["kind"] == "crossover" and 5 < v2["crossover"] < 10
-    assert res["recommendation"]["kind"] == "never"
-    assert "`spec-v2` vs nospec (crossover)" in report.markdown(res)
+    res.configs["spec-v2"] = ConfigRecord(flags=("--speculative-algorithm", "EAGLE3"),
+                                          levels=_levels({c: USER_NOSPEC[c] * (1.3 if c <= 5 else 0.5) for c in LEVELS}))
+    before = res.to_json()
+    analysis = report.analyse(res)
+    assert res.to_json() == before  # the analysis is returned, not written into the run
+    assert set(analysis.recommendations) == {"spec", "spec-v2"}  # the switch config is not a baseline
+    v2 = analysis.recommendations["spec-v2"]
+    assert v2.kind == "crossover" and v2.crossover is not None and 5 < v2.crossover < 10
+    assert analysis.recommendation is not None and analysis.recommendation.kind == "never"
+    assert "`spec-v2` vs nospec (crossover)" in report.markdown(res, analysis)

@@ -104,10 +104,12 @@ def test_check_tree(tmp_path: Path) -> None:
 def test_cli_report_merges(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from test_bench_analysis import user_results
 
+    from bench.results import RunResults
+
     res = user_results()
     (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "results.json").write_text(json.dumps({"meta": {}, "configs": {"nospec": res["configs"]["nospec"]}}))
-    (tmp_path / "b.json").write_text(json.dumps({"meta": {}, "configs": {"spec": res["configs"]["spec"]}}))
+    (tmp_path / "a" / "results.json").write_text(json.dumps(RunResults({}, {"nospec": res.configs["nospec"]}).to_json()))
+    (tmp_path / "b.json").write_text(json.dumps(RunResults({}, {"spec": res.configs["spec"]}).to_json()))
     assert cli.main(["report", str(tmp_path / "a"), str(tmp_path / "b.json"), "--out", str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
     assert "speculation never pays" in out
@@ -172,12 +174,14 @@ def test_steady_decode_rates_leave_out_prefill_and_size_changes() -> None:
 def test_report_takes_decode_rates_from_server_logs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from test_bench_analysis import _levels
 
-    res = {"meta": {}, "configs": {
-        "nospec": {"flags": [], "env": {}, "compare_to": [], "levels": _levels({10: 1900.0, 30: 4400.0})},
-        "switch-v2": {"flags": ["--speculative-algorithm", "EAGLE3", "--speculative-disable-batch-size", "4"],
-                      "env": {}, "compare_to": ["nospec"], "levels": _levels({10: 1300.0, 30: 2900.0})}}}
+    from bench.results import ConfigRecord, RunResults
+
+    res = RunResults(meta={}, configs={
+        "nospec": ConfigRecord(flags=(), levels=_levels({10: 1900.0, 30: 4400.0})),
+        "switch-v2": ConfigRecord(flags=("--speculative-algorithm", "EAGLE3", "--speculative-disable-batch-size", "4"),
+                                  compare_to=("nospec",), levels=_levels({10: 1300.0, 30: 2900.0}))})
     (tmp_path / "r").mkdir()
-    (tmp_path / "r" / "results.json").write_text(json.dumps(res))
+    (tmp_path / "r" / "results.json").write_text(json.dumps(res.to_json()))
     logs = tmp_path / "logs"
     logs.mkdir()
     (logs / "nospec.log").write_text((Path(__file__).parent / "data" / "nospec-decode.log").read_text())

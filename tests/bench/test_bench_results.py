@@ -1,0 +1,181 @@
+"""The typed result records and their results.json form: real files load and round-trip, the
+reports drawn from them are unchanged, unknown keys are kept and malformed files are clear errors (CPU, fast)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from bench import cli, report  # noqa: E402
+from bench.profile import ProfileSummary  # noqa: E402
+from bench.results import (  # noqa: E402
+    ANALYSIS_KEYS,
+    Analysis,
+    ConfigRecord,
+    LevelRecord,
+    ProfileRecord,
+    ResultsError,
+    RunResults,
+    read_results,
+)
+
+DOCS_RESULTS = sorted((ROOT / "docs" / "bench").glob("*/results.json"))
+# results.json files with the results.md and results.csv that `bench report` drew from them before
+# the records replaced dicts: two real runs (docs/bench) and a hand-made one of the rarer cases
+# (a config that failed before its server was set up, one that failed later, a failed profile,
+# errored levels, a level without decode lines).
+GOLDEN = sorted((Path(__file__).parent / "data" / "results").glob("*/results.json"))
+GOLDEN_DIR = Path(__file__).parent / "data" / "results"
+
+
+def _json(data: Any) -> Any:
+    """As JSON would give it back (tuples are lists)."""
+    return json.loads(json.dumps(data))
+
+
+@pytest.mark.parametrize("path", DOCS_RESULTS + GOLDEN, ids=lambda p: p.parent.name)
+def test_results_files_round_trip(path: Path) -> None:
+    data = json.loads(path.read_text())
+    run, stored = read_results(path)
+    recomputed = report.analyse(run)
+    out = run.to_json(recomputed)
+    assert json.loads(json.dumps(out)) == out  # to_json gives plain JSON values
+    recorded = {k: v for k, v in data.items() if k not in ANALYSIS_KEYS}
+    assert {k: v for k, v in out.items() if k not in ANALYSIS_KEYS} == recorded
+    # The analysis keys come out as the file has them, recomputed from its configs and as read back.
+    for k in ANALYSIS_KEYS:
+        if k in data:
+            assert out[k] == data[k], k
+            assert stored.to_json()[k] == data[k], k
+    # Older files have no decode_ratios: today's analysis writes an empty one.
+    assert {k: out[k] for k in set(out) - set(data)} in ({}, {"decode_ratios": {}})
+
+
+def test_the_docs_results_are_there() -> None:
+    assert len(DOCS_RESULTS) >= 2
+
+
+@pytest.mark.parametrize("path", GOLDEN, ids=lambda p: p.parent.name)
+def test_reports_are_drawn_as_before(path: Path, tmp_path: Path) -> None:
+    run = report.merge(read_results(path)[0])
+    analysis, paths = report.write_all(run, tmp_path, plot=False)
+    assert paths["md"] is not None and paths["csv"] is not None
+    assert paths["md"].read_bytes() == (path.parent / "results.md").read_bytes()
+    assert paths["csv"].read_bytes() == (path.parent / "results.csv").read_bytes()
+    assert report.markdown(run, analysis) == (path.parent / "results.md").read_text()
+
+
+def test_cli_report_redraws_a_real_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = GOLDEN_DIR / "profile-gpu-bound-c30" / "results.json"
+    assert cli.main(["report", str(src), "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == (src.parent / "results.md").read_text() + "\n"
+    assert (tmp_path / "results.csv").read_bytes() == (src.parent / "results.csv").read_bytes()
+    assert json.loads((tmp_path / "results.json").read_text()) == json.loads(src.read_text())
+
+
+def _minimal() -> dict[str, Any]:
+    level = {"concurrency": 1, "requests": 2, "output_tokens": 20, "wall_s": 1.0, "tok_per_s": 20.0, "errors": [],
+             "counters": None}
+    return {"meta": {"model": "m"}, "configs": {"nospec": {"flags": [], "env": {}, "compare_to": [], "levels": [level]}}}
+
+
+def test_unknown_keys_are_kept_and_written_back() -> None:
+    data = _minimal()
+    data["note"] = "top"
+    data["configs"]["nospec"]["gpu"] = {"name": "H200"}
+    data["configs"]["nospec"]["levels"][0]["ttft_ms"] = [1.5, 2.0]
+    run = RunResults.from_json(data)
+    assert run.extra == {"note": "top"}
+    assert run.configs["nospec"].extra == {"gpu": {"name": "H200"}}
+    assert run.configs["nospec"].levels[0].extra == {"ttft_ms": [1.5, 2.0]}
+    assert run.to_json() == data
+    merged = report.merge(run)
+    assert merged.to_json(report.analyse(merged))["note"] == "top"
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d["configs"]["nospec"]["levels"][0].pop("tok_per_s"), r"configs\['nospec'\]\.levels\[0\]: no 'tok_per_s'"),
+    (lambda d: d["configs"]["nospec"]["levels"][0].update(requests="2"), r"levels\[0\]\.requests: expected an integer"),
+    (lambda d: d["configs"]["nospec"]["levels"][0].update(counters={"spec_steps": 1, "fallback_steps": 0, "switches": 0,
+                                                                    "verify_steps": 3}),
+     r"levels\[0\]\.counters: unknown key\(s\) 'verify_steps'"),
+    (lambda d: d["configs"]["nospec"]["levels"][0].update(decode_tok_per_s=5.0), "'decode_tok_per_s' without 'decode_lines'"),
+    (lambda d: d["configs"]["nospec"].pop("env"), "but not all of"),
+    (lambda d: d["configs"]["nospec"].update(graph_sets=[{"kind": "target", "sizes": [1], "seconds": 1.0}]),
+     r"graph_sets\[0\]: no 'gigabytes'"),
+    (lambda d: d["configs"]["nospec"].update(log_counters={"rank0": None}), "key 'rank0' is not an integer"),
+    (lambda d: d.update(configs=[]), "configs: expected an object"),
+])
+def test_malformed_results_are_clear_errors(edit: Any, message: str) -> None:
+    data = _minimal()
+    edit(data)
+    with pytest.raises(ResultsError, match=message):
+        RunResults.from_json(data)
+
+
+def test_a_malformed_file_is_an_error_not_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = _minimal()
+    del data["configs"]["nospec"]["levels"][0]["wall_s"]
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    assert cli.main(["report", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "bench: error: " in err and "results.json: results.configs['nospec'].levels[0]: no 'wall_s'" in err
+
+
+def test_a_config_that_failed_before_its_server_holds_the_failure_alone() -> None:
+    rec = ConfigRecord(failed="switch-v1 needs thresholds")
+    assert rec.to_json() == {"failed": "switch-v1 needs thresholds"}
+    assert ConfigRecord.from_json(rec.to_json(), "c") == rec
+    with pytest.raises(ValueError):
+        ConfigRecord(levels=(LevelRecord(1, 1, 1, 1.0, 1.0),))  # levels without flags
+
+
+def test_level_records_are_frozen_and_decode_rates_make_new_ones() -> None:
+    lv = LevelRecord(concurrency=10, requests=30, output_tokens=300, wall_s=1.0, tok_per_s=300.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        lv.tok_per_s = 1.0  # type: ignore[misc]
+    assert "decode_lines" not in lv.to_json()
+    cfg = ConfigRecord(flags=(), levels=(lv,))
+    line = "[2026-11-29 20:51:13] Decode batch, #running-req: 10, cuda graph: True, gen throughput (token/s): {t}\n"
+    filled = report.with_decode_rates(cfg, "".join(line.format(t=t) for t in (900.0, 1500.0, 1600.0)))
+    assert cfg.levels[0].decode_lines is None  # unchanged
+    assert (filled.levels[0].decode_tok_per_s, filled.levels[0].decode_lines) == (1550.0, 2)
+    none = report.with_decode_rates(cfg, "").levels[0]
+    assert none.to_json() == {**lv.to_json(), "decode_lines": 0, "decode_tok_per_s": None}
+
+
+def test_profile_records_write_every_summary_field() -> None:
+    s = ProfileSummary(window_ms=10.0, gpu_busy_ms=3.0, gpu_idle_fraction=0.7, kernels=4,
+                       top_cpu_ops=[("aten::index", 5.0, 2)], note="n")
+    rec = ProfileRecord(4, summary=s)
+    assert rec.to_json() == _json({"concurrency": 4, **s.as_dict()})
+    assert ProfileRecord.from_json(rec.to_json(), "p") == rec
+    assert ProfileRecord(4, error="boom").to_json() == {"concurrency": 4, "error": "boom"}
+    with pytest.raises(ValueError):
+        ProfileRecord(4)
+
+
+def test_stored_analysis_reads_what_analyse_wrote() -> None:
+    run = RunResults.from_json(json.loads((GOLDEN_DIR / "sweep-v1" / "results.json").read_text()))
+    analysis = report.analyse(run)
+    assert analysis.recommendation is not None and analysis.recommendation.kind == "crossover"
+    assert Analysis.from_json(_json(run.to_json(analysis))) == analysis
+    assert Analysis.from_json({"configs": {}}) == Analysis()
+
+
+def test_run_settings_apply_the_quick_defaults() -> None:
+    quick = cli.RunSettings.from_args(cli.parser().parse_args(["--quick"]))
+    assert (quick.levels, quick.num_requests, quick.waves, quick.max_new_tokens) == (tuple(cli.QUICK_LEVELS), 10, 1, 128)
+    full = cli.RunSettings.from_args(cli.parser().parse_args(["--no-ignore-eos", "--switch-thresholds", "8,6"]))
+    assert (full.levels, full.num_requests, full.waves, full.max_new_tokens) == (tuple(cli.FULL_LEVELS), 30, 3, 512)
+    assert full.sampling == {"temperature": 0.0, "max_new_tokens": 512, "ignore_eos": False}
+    assert full.switch_thresholds == (8, 6)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        full.tp = 2  # type: ignore[misc]
