@@ -89,12 +89,16 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--chat-template", action="store_true", help="wrap prompts with the model's chat template")
     ap.add_argument("--model", default=None, help="target model path (default: the generated fixture target)")
     ap.add_argument("--draft-model", default=None, help="EAGLE-3 draft path (default: the fixture draft)")
-    ap.add_argument("--fixture-pair", choices=["exact", "random"], default="exact",
-                    help="fixture models when --model is not given (exact: near-100%% acceptance)")
+    ap.add_argument("--fixture-pair", choices=["exact", "random", "trained", "trained-gpu-bound"], default=None,
+                    help="fixture models when --model is not given (default: the preset's own; exact: near-100%% "
+                         "acceptance, random: near 0, trained: a trained target and draft)")
     ap.add_argument("--fixture-preset", choices=sorted(fixtures.PRESETS), default="tiny",
                     help="fixture models when --model is not given: tiny (H=512, 8 layers; the server's CPU work "
-                         "dominates a step), gpu-bound (Llama-3-8B shape, drawn on the GPU, exact pair only) or "
-                         "gpu-bound-deep (the same with 64 layers: the draft half as large next to it)")
+                         "dominates a step), gpu-bound (Llama-3-8B shape, drawn on the GPU, exact pair only), "
+                         "gpu-bound-deep (the same with 64 layers: the draft half as large next to it), trained "
+                         "(a target trained on a code corpus with a trained EAGLE-3 draft; made on the GPU in a few "
+                         "minutes) or trained-gpu-bound (its trained layers followed by pass-through layers: an 8B "
+                         "model's step cost, the same outputs)")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--extra-flags", default="", help="extra server flags for every config (one string)")
     ap.add_argument("--max-running-requests", type=int, default=256,
@@ -285,7 +289,7 @@ def _target(args: argparse.Namespace, tree: Path, out: Path) -> RunTarget:
     model, draft = args.model, args.draft_model
     if model is None:
         fx = fixtures.generate(fixtures.PRESETS[args.fixture_preset])
-        t, d = fx.pair(args.fixture_pair)
+        t, d = fx.pair(args.fixture_pair or fixtures.default_pair(args.fixture_preset))
         model, draft = str(t), draft or str(d)
     try:
         prompts = client.load_prompts(args.prompts)

@@ -27,13 +27,18 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
+
+from bench.corpus import CorpusError
+from bench.trained import TrainedParams, TrainingError
+from bench.trained import build as build_trained
 
 GENERATOR_VERSION = 2
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = PROJECT_ROOT / "build" / "fixtures"
 PAIRS = {"exact": ("target-exact", "draft-exact"), "random": ("target-random", "draft-random")}
 DONE = ".complete"
+AnyParams = Union["FixtureParams", TrainedParams]
 
 
 @dataclass(frozen=True)
@@ -64,11 +69,23 @@ class FixtureParams:
 # it would shrink further next to a large MoE target.
 _GPU_BOUND = FixtureParams(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336,
                            device="cuda", random_pair=False)
-PRESETS = {
+# "trained" (bench.trained): a target trained on a code corpus and a draft trained on it, with the
+# Llama-3-8B width; "trained-gpu-bound" is the same set's 32-layer target (pass-through layers after
+# the trained ones), whose step costs what an 8B model's does and whose outputs are the small one's.
+_TRAINED = TrainedParams()
+PRESETS: dict[str, AnyParams] = {
     "tiny": FixtureParams(),
     "gpu-bound": _GPU_BOUND,
     "gpu-bound-deep": dataclasses.replace(_GPU_BOUND, layers=64),
+    "trained": _TRAINED,
+    "trained-gpu-bound": _TRAINED,
 }
+_PRESET_PAIRS = {"trained": "trained", "trained-gpu-bound": "trained-gpu-bound"}
+
+
+def default_pair(preset: str) -> str:
+    """The pair a preset's set is used for unless another is named."""
+    return _PRESET_PAIRS.get(preset, "exact")
 
 
 def pairs_of(params: FixtureParams) -> dict[str, tuple[str, str]]:
@@ -83,11 +100,18 @@ class Fixtures:
     def path(self, name: str) -> Path:
         return self.root / name
 
+    def pairs(self) -> dict[str, tuple[str, str]]:
+        manifest = self.root / "manifest.json"
+        if not manifest.is_file():
+            return dict(PAIRS)
+        return {k: (v[0], v[1]) for k, v in json.loads(manifest.read_text(encoding="utf-8"))["pairs"].items()}
+
     def pair(self, kind: str) -> tuple[Path, Path]:
-        target, draft = PAIRS[kind]
-        if not (self.root / target).is_dir():
-            raise FixtureError(f"{self.root} has no {kind} pair (generated with random_pair=False); "
-                               "use the exact pair or generate with --random-pair")
+        pairs = self.pairs()
+        if kind not in pairs:
+            raise FixtureError(f"{self.root} has no {kind} pair, only {', '.join(sorted(pairs))}: use one of "
+                               "those, or the preset that generates it")
+        target, draft = pairs[kind]
         return self.root / target, self.root / draft
 
 
@@ -132,8 +156,8 @@ def _corpus(seed: int, n_lines: int = 6000) -> list[str]:
     return lines
 
 
-def build_tokenizer(out: Path, params: FixtureParams) -> int:
-    """Train a byte-level BPE tokenizer, save it as a transformers fast tokenizer; return its size."""
+def build_tokenizer(out: Path, vocab: int, lines: list[str]) -> int:
+    """Train a byte-level BPE tokenizer on lines, save it as a transformers fast tokenizer; return its size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -141,12 +165,12 @@ def build_tokenizer(out: Path, params: FixtureParams) -> int:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=params.vocab,
+        vocab_size=vocab,
         special_tokens=["<unk>", "<s>", "</s>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(params.seed), trainer=trainer)
+    tok.train_from_iterator(lines, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     fast.chat_template = (
         "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -157,6 +181,15 @@ def build_tokenizer(out: Path, params: FixtureParams) -> int:
 
 
 # ---------------------------------------------------------------------------------------- models
+
+
+def _require_device(name: str) -> None:
+    import torch
+
+    device = torch.device(name)
+    if device.type != "cpu" and not getattr(torch, device.type).is_available():
+        raise FixtureError(f"fixture device {name!r} is not available here (the gpu-bound and trained presets "
+                           "need a GPU)")
 
 
 def _llama_config(params: FixtureParams, vocab: int, layers: int) -> Any:
@@ -185,9 +218,7 @@ def build_target(out: Path, params: FixtureParams, vocab: int, exact: bool, seed
     import torch
     from transformers import LlamaForCausalLM
 
-    device = torch.device(params.device)
-    if device.type != "cpu" and not getattr(torch, device.type).is_available():
-        raise FixtureError(f"fixture device {params.device!r} is not available here (preset gpu-bound needs a GPU)")
+    _require_device(params.device)
     torch.manual_seed(seed)
     with torch.device(params.device):
         model = LlamaForCausalLM(_llama_config(params, vocab, params.layers))
@@ -260,7 +291,32 @@ def build_draft(out: Path, params: FixtureParams, vocab: int, target_embed: Any,
 # ---------------------------------------------------------------------------------------- cache
 
 
-def generate(params: FixtureParams | None = None, root: Path | None = None, *, quiet: bool = False) -> Fixtures:
+def _build_synthetic(tmp: Path, params: FixtureParams, quiet: bool) -> dict[str, Any]:
+    """The exact (and random) pairs into tmp; returns the manifest."""
+    tokdir = tmp / "tokenizer"
+    vocab = build_tokenizer(tokdir, params.vocab, _corpus(params.seed))
+    pairs = pairs_of(params)
+    embed = None
+    for name, exact, seed in (("target-exact", True, params.seed), ("target-random", False, params.seed + 1)):
+        if not exact and not params.random_pair:
+            continue
+        if not quiet:
+            print(f"fixtures: writing {name} (H={params.hidden}, L={params.layers}, V={vocab}, "
+                  f"on {params.device})", file=sys.stderr)
+        target_embed = build_target(tmp / name, params, vocab, exact, seed)
+        if exact:
+            embed = target_embed
+    assert embed is not None
+    build_draft(tmp / "draft-exact", params, vocab, embed, True, params.seed + 2)
+    if params.random_pair:
+        build_draft(tmp / "draft-random", params, vocab, embed, False, params.seed + 3)
+    for name in (n for pair in pairs.values() for n in pair):
+        for f in tokdir.iterdir():
+            shutil.copy2(f, tmp / name / f.name)
+    return {"params": dataclasses.asdict(params), "key": params.key(), "vocab": vocab, "pairs": pairs}
+
+
+def generate(params: AnyParams | None = None, root: Path | None = None, *, quiet: bool = False) -> Fixtures:
     """Build (or reuse) the fixture models; return where they are."""
     params = params or FixtureParams()
     root = Path(root or os.environ.get("SGL_FIXTURE_DIR") or DEFAULT_ROOT)
@@ -270,27 +326,12 @@ def generate(params: FixtureParams | None = None, root: Path | None = None, *, q
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{params.key()}-", dir=root))
     try:
-        tokdir = tmp / "tokenizer"
-        vocab = build_tokenizer(tokdir, params)
-        pairs = pairs_of(params)
-        embed = None
-        for name, exact, seed in (("target-exact", True, params.seed), ("target-random", False, params.seed + 1)):
-            if not exact and not params.random_pair:
-                continue
-            if not quiet:
-                print(f"fixtures: writing {name} (H={params.hidden}, L={params.layers}, V={vocab}, "
-                      f"on {params.device})", file=sys.stderr)
-            target_embed = build_target(tmp / name, params, vocab, exact, seed)
-            if exact:
-                embed = target_embed
-        assert embed is not None
-        build_draft(tmp / "draft-exact", params, vocab, embed, True, params.seed + 2)
-        if params.random_pair:
-            build_draft(tmp / "draft-random", params, vocab, embed, False, params.seed + 3)
-        for name in (n for pair in pairs.values() for n in pair):
-            for f in tokdir.iterdir():
-                shutil.copy2(f, tmp / name / f.name)
-        manifest = {"params": dataclasses.asdict(params), "key": params.key(), "vocab": vocab, "pairs": pairs}
+        if isinstance(params, TrainedParams):
+            if params.device != "cpu":
+                _require_device(params.device)
+            manifest = build_trained(tmp, params, quiet)
+        else:
+            manifest = _build_synthetic(tmp, params, quiet)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         (tmp / DONE).write_text("ok\n")
         if (dest / DONE).is_file():  # another process (a parallel sweep) finished first: use its set
@@ -305,30 +346,46 @@ def generate(params: FixtureParams | None = None, root: Path | None = None, *, q
     return Fixtures(dest)
 
 
+def _param_flags(ap: argparse.ArgumentParser) -> list[str]:
+    """One option per parameter of either kind of set; returns the field names."""
+    names: list[str] = []
+    for cls in (FixtureParams, TrainedParams):
+        default = cls()
+        for f in dataclasses.fields(cls):
+            if f.name in names:
+                continue
+            names.append(f.name)
+            flag = "--" + f.name.replace("_", "-")
+            value = getattr(default, f.name)
+            if isinstance(value, bool):
+                ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+            else:
+                ap.add_argument(flag, type=type(value), default=None)
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
-    d = FixtureParams()
     ap = argparse.ArgumentParser(prog="python -m bench.fixtures", description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", type=Path, default=None, help=f"cache root (default $SGL_FIXTURE_DIR or {DEFAULT_ROOT})")
     ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
                     help="starting parameters, changed by the options below (default %(default)s)")
-    for f in dataclasses.fields(FixtureParams):
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(getattr(d, f.name), bool):
-            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
-        else:
-            ap.add_argument(flag, type=type(getattr(d, f.name)), default=None)
+    names = _param_flags(ap)
     ap.add_argument("--json", action="store_true", help="print the model paths as JSON")
     args = ap.parse_args(argv)
-    changed = {f.name: getattr(args, f.name) for f in dataclasses.fields(FixtureParams)
-               if getattr(args, f.name) is not None}
-    params = dataclasses.replace(PRESETS[args.preset], **changed)
+    base = PRESETS[args.preset]
+    own = {f.name for f in dataclasses.fields(base)}
+    changed = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    foreign = sorted(set(changed) - own)
+    if foreign:
+        ap.error(f"preset {args.preset} has no parameter {', '.join('--' + n.replace('_', '-') for n in foreign)}")
+    params = dataclasses.replace(base, **changed)
     try:
         fx = generate(params, args.root)
-    except (OSError, ImportError, FixtureError) as e:
+    except (OSError, ImportError, FixtureError, TrainingError, CorpusError) as e:
         print(f"fixtures: error: {e}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({k: {"target": str(fx.pair(k)[0]), "draft": str(fx.pair(k)[1])} for k in pairs_of(params)}))
+        print(json.dumps({k: {"target": str(fx.pair(k)[0]), "draft": str(fx.pair(k)[1])} for k in fx.pairs()}))
     else:
         print(fx.root)
     return 0

@@ -135,6 +135,7 @@ def test_exact_only_set_has_the_same_exact_pair(fx: fixtures.Fixtures, tmp_path:
 
 def test_gpu_bound_preset_from_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     preset = fixtures.PRESETS["gpu-bound"]
+    assert isinstance(preset, fixtures.FixtureParams)
     assert preset.hidden % preset.heads == 0 and preset.heads % preset.kv_heads == 0
     assert preset.device == "cuda" and not preset.random_pair
     # The preset's other fields, shrunk and drawn on CPU here: only the exact pair is written.
@@ -148,6 +149,7 @@ def test_gpu_bound_preset_from_the_cli(tmp_path: Path, capsys: pytest.CaptureFix
 def test_deep_preset_only_doubles_the_target_depth() -> None:
     # The draft is one layer whatever the target; the deep preset is there to halve its share.
     base, deep = fixtures.PRESETS["gpu-bound"], fixtures.PRESETS["gpu-bound-deep"]
+    assert isinstance(base, fixtures.FixtureParams) and isinstance(deep, fixtures.FixtureParams)
     assert deep.layers == 2 * base.layers and dataclasses.replace(deep, layers=base.layers) == base
     assert deep.key() != base.key()
 

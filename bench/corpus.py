@@ -1,0 +1,67 @@
+"""A code corpus from the machine itself: Python sources in a sorted order, cut at a byte budget.
+
+The trained fixtures learn from it, so it must be the same every time on a given machine: the files
+are taken in sorted order of their path relative to the root, and the text stops at the budget.
+The default root is the running Python's standard library (the same files on every machine with
+the same Python release); test suites are left out, as they are mostly data and fixtures.
+"""
+from __future__ import annotations
+
+import hashlib
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+SKIPPED_DIRS = frozenset({"test", "tests", "site-packages", "dist-packages", "__pycache__", "idlelib", "lib2to3"})
+
+
+class CorpusError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Corpus:
+    root: Path
+    files: tuple[str, ...]  # relative paths, in the order their text was taken
+    text: str
+    digest: str  # sha256 of the text
+
+    @property
+    def size(self) -> int:
+        return len(self.text.encode("utf-8"))
+
+
+def default_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def source_files(root: Path) -> list[Path]:
+    """Every .py file under root outside the skipped folders, sorted by relative path."""
+    found = [p for p in root.rglob("*.py") if p.is_file()
+             and not SKIPPED_DIRS.intersection(p.relative_to(root).parts[:-1])]
+    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+
+
+def code_corpus(byte_budget: int, root: Path | None = None) -> Corpus:
+    """The first byte_budget bytes (whole files, the last one cut) of the sources under root."""
+    root = root or default_root()
+    if byte_budget < 1:
+        raise CorpusError(f"the corpus byte budget must be at least 1, got {byte_budget}")
+    parts: list[str] = []
+    taken: list[str] = []
+    left = byte_budget
+    for path in source_files(root):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue  # a file that is not UTF-8 text says nothing the others do not
+        data = text.encode("utf-8")[:left]
+        parts.append(data.decode("utf-8", errors="ignore"))
+        taken.append(path.relative_to(root).as_posix())
+        left -= len(data)
+        if left <= 0:
+            break
+    if not parts:
+        raise CorpusError(f"no Python sources under {root}: pass a folder that holds some")
+    text = "".join(parts)
+    return Corpus(root, tuple(taken), text, hashlib.sha256(text.encode("utf-8")).hexdigest())

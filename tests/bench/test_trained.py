@@ -1,0 +1,189 @@
+"""The trained fixtures' generator on CPU, at toy sizes: corpus, training, the pass-through targets,
+the draft's unrolled attention and its checkpoint (what runs on the GPU machine at full size)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import fixtures
+from bench.corpus import CorpusError, code_corpus, source_files
+from bench.trained import TrainedParams, TrainingError, captured_layers
+
+TOY = TrainedParams(hidden=64, heads=4, kv_heads=2, intermediate=128, draft_intermediate=64, vocab=300,
+                    corpus_bytes=300_000, seq_len=64, batch=8, target_steps=80, draft_steps=40, target_lr=3e-3,
+                    gpu_bound_layers=12, device="cpu")
+DRAFT_NAMES = {
+    "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
+    "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight", "midlayer.post_attention_layernorm.weight",
+    "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight", "midlayer.self_attn.v_proj.weight",
+    "midlayer.self_attn.o_proj.weight", "midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight",
+    "midlayer.mlp.down_proj.weight",
+}
+
+
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory: pytest.TempPathFactory) -> fixtures.Fixtures:
+    return fixtures.generate(TOY, tmp_path_factory.mktemp("trained"), quiet=True)
+
+
+def _manifest(fx: fixtures.Fixtures) -> dict[str, Any]:
+    return json.loads((fx.root / "manifest.json").read_text())
+
+
+def test_corpus_is_sorted_whole_files_cut_at_the_budget(tmp_path: Path) -> None:
+    for rel, text in {"b/mod.py": "B = 2\n", "a.py": "A = 1\n", "tests/t.py": "T\n", "b/test/x.py": "X\n",
+                      "c.txt": "not python\n", "d.py": "D" * 50}.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert [p.relative_to(tmp_path).as_posix() for p in source_files(tmp_path)] == ["a.py", "b/mod.py", "d.py"]
+    c = code_corpus(20, tmp_path)
+    assert c.text == "A = 1\nB = 2\n" + "D" * 8 and c.files == ("a.py", "b/mod.py", "d.py") and c.size == 20
+    assert code_corpus(20, tmp_path).digest == c.digest != code_corpus(19, tmp_path).digest
+    with pytest.raises(CorpusError, match="no Python sources"):
+        code_corpus(10, tmp_path / "b" / "test" / "nothing")
+
+
+def test_a_set_holds_both_targets_and_one_draft(fx: fixtures.Fixtures) -> None:
+    assert fx.pairs() == {"trained": ("target-trained", "draft-trained"),
+                          "trained-gpu-bound": ("target-trained-gpu-bound", "draft-trained")}
+    for name in ("target-trained", "target-trained-gpu-bound", "draft-trained"):
+        for f in ("config.json", "tokenizer.json", "model.safetensors"):
+            assert (fx.path(name) / f).is_file(), f"{name}/{f}"
+    layers = {n: json.loads((fx.path(n) / "config.json").read_text())["num_hidden_layers"]
+              for n in ("target-trained", "target-trained-gpu-bound")}
+    assert layers == {"target-trained": TOY.small_layers, "target-trained-gpu-bound": TOY.gpu_bound_layers}
+    m = _manifest(fx)
+    assert m["key"] == TOY.key() == fx.root.name and m["kind"] == "trained"
+    assert m["captured_layers"] == {"8": [2, 4, 5], "12": [2, 6, 9]}
+    assert 0 < m["draft_to_target_weights"] < 1
+
+
+def test_the_target_learned_and_the_draft_follows_it(fx: fixtures.Fixtures) -> None:
+    figures = _manifest(fx)["figures"]
+    vocab = _manifest(fx)["vocab"]
+    assert figures["target_loss"] < math.log(vocab) - 1.0, "the target learned less than the unigram statistics"
+    assert len(figures["draft_agreement"]) == TOY.draft_unroll
+    assert all(0.0 <= a <= 1.0 for a in figures["draft_agreement"])
+    assert 1.0 <= figures["draft_expected_accept_length"] <= 1 + TOY.draft_unroll
+
+
+def _logits(path: Path, tokens: Any) -> Any:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(str(path), torch_dtype=torch.float32)
+    with torch.no_grad():
+        return model(input_ids=tokens).logits
+
+
+def test_pass_through_layers_leave_the_outputs_unchanged(fx: fixtures.Fixtures) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    tokens = torch.randint(3, _manifest(fx)["vocab"], (2, 24), generator=torch.Generator().manual_seed(0))
+    small, deep = _logits(fx.path("target-trained"), tokens), _logits(fx.path("target-trained-gpu-bound"), tokens)
+    assert torch.equal(small, deep)
+    weights = load_file(str(fx.path("target-trained-gpu-bound") / "model.safetensors"))
+    last = TOY.gpu_bound_layers - 1
+    assert not weights[f"model.layers.{last}.mlp.down_proj.weight"].any()
+    assert not weights[f"model.layers.{last}.self_attn.o_proj.weight"].any()
+    assert weights["model.layers.0.mlp.down_proj.weight"].any(), "the trained layers are not zero"
+
+
+def test_draft_checkpoint_is_what_sglang_loads(fx: fixtures.Fixtures) -> None:
+    from safetensors.torch import load_file
+
+    cfg = json.loads((fx.path("draft-trained") / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["num_hidden_layers"] == 1
+    assert cfg["draft_vocab_size"] == _manifest(fx)["vocab"] and cfg["target_hidden_size"] == TOY.hidden
+    weights = load_file(str(fx.path("draft-trained") / "model.safetensors"))
+    assert set(weights) == DRAFT_NAMES
+    h = TOY.hidden
+    assert tuple(weights["fc.weight"].shape) == (h, 3 * h)
+    assert tuple(weights["midlayer.self_attn.q_proj.weight"].shape) == (h, 2 * h)
+    assert tuple(weights["midlayer.mlp.down_proj.weight"].shape) == (h, TOY.draft_intermediate)
+    assert not weights["d2t"].any() and bool(weights["t2d"].all())
+
+
+def test_the_draft_trains_on_the_states_sglang_captures() -> None:
+    import torch
+
+    from bench.trained_models import captured_features
+
+    states = [torch.full((1, 2, 3), float(k)) for k in range(3)]  # after 0, 1, 2 trained layers
+    assert captured_layers(8) == [2, 4, 5]
+    assert captured_features(states, 8)[0, 0].tolist() == [2.0] * 9, "every capture is after the trained layers"
+    states = [torch.full((1, 2, 3), float(k)) for k in range(5)]  # four trained layers
+    assert captured_features(states, 12)[0, 0].tolist() == [2.0] * 3 + [4.0] * 6
+
+
+def test_unrolled_attention_matches_a_step_by_step_draft() -> None:
+    """Step k at anchor p attends the extend's keys at positions <= p and its own keys of steps 2..k:
+    checked against running the draft one anchor at a time with explicit key lists."""
+    import torch
+
+    from bench.eagle3_draft import DraftShape, Eagle3Draft, rope
+
+    torch.manual_seed(0)
+    shape = DraftShape(hidden=16, heads=4, kv_heads=2, intermediate=32, vocab=20)
+    draft = Eagle3Draft(shape).double()
+    a, steps = 5, 3
+    embeds = [torch.randn(1, a, 16, dtype=torch.float64) for _ in range(steps)]
+    features = torch.randn(1, a, 48, dtype=torch.float64)
+    got = draft.unrolled(embeds, features)
+
+    layer, d = draft.midlayer, shape.head_dim
+
+    def qkv(e: Any, s: Any, pos: int) -> tuple[Any, Any, Any]:
+        x = torch.cat([layer.input_layernorm(e), layer.hidden_norm(s)], -1)
+        q = layer.self_attn.q_proj(x).view(shape.heads, 1, d)
+        k = layer.self_attn.k_proj(x).view(shape.kv_heads, 1, d).repeat_interleave(2, 0)
+        v = layer.self_attn.v_proj(x).view(shape.kv_heads, 1, d).repeat_interleave(2, 0)
+        p = torch.tensor([pos])
+        return rope(q, p, shape.rope_theta), rope(k, p, shape.rope_theta), v
+
+    ext_state = draft.fc(features[0])
+    ext = [qkv(embeds[0][0, j], ext_state[j], j) for j in range(a)]
+    for p in range(a):
+        state, keys, values = ext_state[p], [ext[j][1] for j in range(p + 1)], [ext[j][2] for j in range(p + 1)]
+        for k in range(steps):
+            q, key, value = (ext[p] if k == 0 else qkv(embeds[k][0, p], state, p + k))
+            if k:
+                keys, values = keys + [key], values + [value]
+            kk, vv = torch.cat(keys, 1), torch.cat(values, 1)
+            w = torch.softmax(q @ kk.transpose(-1, -2) / math.sqrt(d), -1)
+            attn = (w @ vv).view(1, 1, shape.heads, 1, d).squeeze(0).transpose(1, 2)
+            logits, state = draft._finish(attn.reshape(1, shape.heads, 1, d), state.view(1, 1, -1))
+            state = state.view(-1)
+            assert torch.allclose(logits.view(-1), got[k][0, p], atol=1e-10), (k, p, (logits.view(-1) - got[k][0, p]).abs().max())
+
+
+def test_the_same_seed_makes_the_same_set(fx: fixtures.Fixtures, tmp_path: Path) -> None:
+    again = fixtures.generate(TOY, tmp_path, quiet=True)
+    for name in ("target-trained", "draft-trained"):
+        assert (again.path(name) / "model.safetensors").read_bytes() == (fx.path(name) / "model.safetensors").read_bytes()
+
+
+def test_parameters_that_cannot_work_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(TrainingError, match="inside them"):
+        fixtures.generate(dataclasses.replace(TOY, trained_layers=3), tmp_path, quiet=True)
+    with pytest.raises(TrainingError, match="coincide"):
+        fixtures.generate(dataclasses.replace(TOY, small_layers=6), tmp_path, quiet=True)
+    assert not list(tmp_path.iterdir()), "nothing half-written is left behind"
+
+
+def test_presets_and_pairs_for_the_benchmark() -> None:
+    assert fixtures.PRESETS["trained"] is fixtures.PRESETS["trained-gpu-bound"]
+    assert fixtures.default_pair("trained-gpu-bound") == "trained-gpu-bound"
+    assert fixtures.default_pair("tiny") == "exact"
+
+
+def test_cli_refuses_a_parameter_of_the_other_kind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        fixtures.main(["--preset", "trained", "--root", str(tmp_path), "--layers", "4"])
+    assert e.value.code == 2 and "preset trained has no parameter --layers" in capsys.readouterr().err
