@@ -97,10 +97,10 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def fixture_models():
-    from bench import fixtures
+def fixture_models() -> Any:
+    from gpu_harness import FixtureSets
 
-    return fixtures.generate()
+    return FixtureSets()
 
 
 @pytest.hookimpl(hookwrapper=True)

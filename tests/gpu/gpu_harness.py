@@ -5,6 +5,7 @@ sends its load, keeps the outputs, counters and log text, and stops it.
 """
 from __future__ import annotations
 
+import json
 import os
 import shlex
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +50,37 @@ def once(key: str, make: Any) -> Any:
         raise _RUNS[key]
     return _RUNS[key]
 SUMMARY: list[str] = []  # lines for pytest's terminal summary (and $SGL_TEST_LOG_DIR/summary.txt)
+
+
+class FixtureSets:
+    """The generated fixture sets, each made on first use: the tiny set holds the exact and random
+    pairs, the trained set (made on this GPU, a few minutes) the trained ones."""
+
+    def __init__(self) -> None:
+        self._sets: dict[str, Any] = {}
+
+    def get(self, preset: str) -> Any:
+        from bench import fixtures
+
+        if preset not in self._sets:
+            fx = fixtures.generate(fixtures.PRESETS[preset])
+            self._sets[preset] = fx
+            if preset.startswith("trained"):
+                SUMMARY.append("trained fixtures: " + trained_summary(fx.root))
+        return self._sets[preset]
+
+    def pair(self, kind: str) -> tuple[Path, Path]:
+        return self.get("trained" if kind.startswith("trained") else "tiny").pair(kind)
+
+
+def trained_summary(root: Path) -> str:
+    m = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
+    f, sec = m["figures"], m["seconds"]
+    return (f"{root.name}: target loss {f['target_loss']:.3f} nats/token held-out (train {f['target_train_loss']:.3f}); "
+            f"draft top-1 agreement per step {[round(a, 3) for a in f['draft_agreement']]} (chain estimate of the "
+            f"accept length {f['draft_expected_accept_length']:.2f}); corpus {m['corpus']['files']} files, "
+            f"{m['corpus']['bytes']} bytes, {m['corpus']['tokens']} tokens; draft/target weights "
+            f"{m['draft_to_target_weights']:.4f}; seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in sec.items()))
 
 
 @dataclass(frozen=True)
@@ -158,6 +190,26 @@ def reference(name: str, models: Models, tree: Path, log_dir: Path, prompts: lis
     """No-speculation greedy outputs with the top-5 logprobs at every output position."""
     extra = {"return_logprob": True, "top_logprobs_num": 5}
     return run_server(name, nospec_spec(models, tp), tree, log_dir, [prompts], GREEDY, extra, fixed_concurrency=64)
+
+
+def ramp_context(tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
+    """What the ramp tests share: the tree, the log folder, the fixture sets and the ramp's prompts."""
+    return {"tree": tree, "logs": log_dir, "fx": fixture_models, "groups": ramp_prompts()}
+
+
+def ref_run(ctx: dict[str, Any], pair: str) -> Run:
+    """The no-speculation server on the whole ramp (once per session and pair)."""
+    models = models_for(pair, ctx["fx"])
+    flat = [p for g in ctx["groups"] for p in g]
+    return once(f"ref-{pair}", lambda: reference(f"nospec-{pair}", models, ctx["tree"], ctx["logs"], flat, tp_size()))
+
+
+def switch_run(ctx: dict[str, Any], worker: str, pair: str) -> Run:
+    """A switching server of this worker serving the ramp (once per session, worker and pair)."""
+    models = models_for(pair, ctx["fx"])
+    spec = switch_spec(models, worker, tp_size())
+    return once(f"{worker}-{pair}", lambda: run_server(f"switch-{worker}-{pair}", spec, ctx["tree"], ctx["logs"],
+                                                       ctx["groups"], GREEDY))
 
 
 def _ids(r: client.Result) -> list[Any]:
