@@ -56,12 +56,12 @@ class TrainedParams:
     draft_intermediate: int = 4096
     vocab: int = 4096
     max_positions: int = 8192
-    corpus_bytes: int = 8_000_000
+    corpus_bytes: int = 12_000_000  # about all of a standard library's non-test sources
     seq_len: int = 512
     batch: int = 32
-    target_steps: int = 500
+    target_steps: int = 300  # about two passes: more and the target learns the corpus by heart
     target_lr: float = 6e-4
-    draft_steps: int = 300
+    draft_steps: int = 400
     draft_lr: float = 1e-3
     draft_unroll: int = 3  # draft steps trained (SGLang's --speculative-num-steps)
     seed: int = 1234

@@ -96,7 +96,9 @@ def write_target(out: Path, state: dict[str, Any], params: TrainedParams, vocab:
 
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    llama_config(params, vocab, layers).save_pretrained(str(out))
+    cfg = llama_config(params, vocab, layers)
+    cfg.architectures = ["LlamaForCausalLM"]  # SGLang picks the model class by it
+    cfg.save_pretrained(str(out))
 
 
 def write_draft(out: Path, draft: Eagle3Draft, params: TrainedParams, vocab: int) -> None:

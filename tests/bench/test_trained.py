@@ -57,6 +57,8 @@ def test_a_set_holds_both_targets_and_one_draft(fx: fixtures.Fixtures) -> None:
     layers = {n: json.loads((fx.path(n) / "config.json").read_text())["num_hidden_layers"]
               for n in ("target-trained", "target-trained-gpu-bound")}
     assert layers == {"target-trained": TOY.small_layers, "target-trained-gpu-bound": TOY.gpu_bound_layers}
+    for name in ("target-trained", "target-trained-gpu-bound"):
+        assert json.loads((fx.path(name) / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
     m = _manifest(fx)
     assert m["key"] == TOY.key() == fx.root.name and m["kind"] == "trained"
     assert m["captured_layers"] == {"8": [2, 4, 5], "12": [2, 6, 9]}
