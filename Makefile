@@ -19,6 +19,10 @@ ALLOW_OFFSET ?=
 REFS ?=
 # CHECK=1 / DROP=1: rebase report-only / confirm dropping upstreamed or obsolete patches;
 # CONTINUE=1 / ABORT=1: after a rebase conflict.
+# NEW_LINE=1 [FROM=<ref>]: rebase makes a new release line lines/<SGLANG_REF>/ from the line FROM
+# (default: the default line) instead of moving that line.
+NEW_LINE ?=
+FROM ?=
 CHECK ?=
 DROP ?=
 CONTINUE ?=
@@ -40,7 +44,7 @@ help: ## list targets and variables
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
 	@echo
 	@echo "variables: SGLANG_REF (default: pinned in sglang.lock) SGLANG_REPO TREE FORCE=1 ALLOW_OFFSET=1"
-	@echo "           REFS='v0.5.10 v0.5.15' (status) CHECK=1 DROP=1 (rebase) OFFLINE=1 GPU_PER_PATCH=1 (test) PYTHON=$(PYTHON) BOOTSTRAP_PYTHON"
+	@echo "           REFS='v0.5.10 v0.5.15' (status) CHECK=1 DROP=1 NEW_LINE=1 FROM=<ref> (rebase) OFFLINE=1 GPU_PER_PATCH=1 (test) PYTHON=$(PYTHON) BOOTSTRAP_PYTHON"
 
 apply: ## build build/sglang-<ref>: upstream base + one commit per patch (strict)
 	@$(SETUP)
@@ -66,11 +70,11 @@ test: ## tool tests, then each patch's declared Tests on the series up to it, th
 	@$(SETUP)
 	$(TOOL) test $(if $(GPU_PER_PATCH),--gpu-per-patch) -- $(if $(OFFLINE),-m "not network") $(PYTEST_ARGS)
 
-rebase: ## port the series to SGLANG_REF=<new> (CHECK=1: report only; DROP=1: drop upstreamed)
+rebase: ## port the series to SGLANG_REF=<new> (CHECK=1: report only; DROP=1: drop upstreamed; NEW_LINE=1 [FROM=<ref>]: as a new line)
 	@$(SETUP)
-	@test -n "$(SGLANG_REF)" || { echo "usage: make rebase SGLANG_REF=v0.5.10 [CHECK=1] [DROP=1]"; exit 2; }
-	$(PYTHON) -m tools rebase --to $(SGLANG_REF) $(if $(CHECK),--check) $(if $(DROP),--drop) \
-		$(if $(CONTINUE),--continue) $(if $(ABORT),--abort)
+	@test -n "$(SGLANG_REF)" || { echo "usage: make rebase SGLANG_REF=v0.5.10 [CHECK=1] [DROP=1] [NEW_LINE=1 [FROM=v0.5.15]]"; exit 2; }
+	$(PYTHON) -m tools $(if $(FROM),--ref $(FROM)) rebase --to $(SGLANG_REF) $(if $(CHECK),--check) $(if $(DROP),--drop) \
+		$(if $(CONTINUE),--continue) $(if $(ABORT),--abort) $(if $(NEW_LINE),--new-line)
 
 bench: ## benchmarks (the bench package)
 	@$(SETUP)

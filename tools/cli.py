@@ -58,15 +58,26 @@ def cmd_refresh(args: argparse.Namespace, project: Project) -> int:
     return 0
 
 
+def _lines(args: argparse.Namespace, project: Project) -> list[Project]:
+    """The line a --ref names, or every line of the checkout when none is named."""
+    return [project] if args.ref else project.all_lines()
+
+
 def cmd_check(args: argparse.Namespace, project: Project) -> int:
     from tools.check import run_check
 
-    problems = run_check(project, args.ref)
+    lines = _lines(args, project)
+    problems = []
+    for line in lines:
+        if len(lines) > 1:
+            say(f"== line {line.label}")
+        problems += [f"{line.label}: {p}" if len(lines) > 1 else p for p in run_check(line, args.ref)]
     for p in problems:
         print(p)
     if problems:
         raise ToolError(f"check: {len(problems)} problem(s)")
-    print("check: series, headers, exact application and export are all in order")
+    what = f"{len(lines)} line(s)" if len(lines) > 1 else "series"
+    print(f"check: {what}, headers, exact application and export are all in order")
     return 0
 
 
@@ -74,7 +85,11 @@ def cmd_status(args: argparse.Namespace, project: Project) -> int:
     from tools.status import run_status
 
     extra = [r for r in (args.refs or "").replace(",", " ").split() if r]
-    print(run_status(project, args.ref, extra))
+    lines = _lines(args, project)
+    for line in lines:
+        if len(lines) > 1:
+            print(f"\n### line {line.label}\n")
+        print(run_status(line, args.ref, extra))
     return 0
 
 
@@ -121,16 +136,34 @@ def cmd_new(args: argparse.Namespace, project: Project) -> int:
 
 
 def cmd_rebase(args: argparse.Namespace, project: Project) -> int:
-    from tools.rebase import run_rebase
+    from tools.lines import discard, is_unfinished, start_line
+    from tools.rebase import rebase_tree, run_rebase
 
-    return run_rebase(project, args.to, check=args.check, drop=args.drop, cont=args.cont, abort=args.abort,
-                      report=Path(args.report) if args.report else None)
+    started = args.new_line and not (args.cont or args.abort or args.check)
+    if started:
+        project = start_line(project, args.to)
+    elif project.line_for(args.to).line == args.to:
+        project = project.line_for(args.to)  # a line being made (continue, abort) or already there
+    elif project.line is not None and not args.check:
+        raise UsageError(f"{project.label} is named by its release: make the {args.to} line with "
+                         f"`make rebase FROM={project.line} SGLANG_REF={args.to} NEW_LINE=1` instead of moving it")
+    try:
+        rc = run_rebase(project, args.to, check=args.check, drop=args.drop, cont=args.cont, abort=args.abort,
+                        report=Path(args.report) if args.report else None)
+    except ToolError:
+        if started and not rebase_tree(project, args.to).exists():
+            say(f"removed {discard(project)}: the new line did not start")
+        raise  # a conflict keeps the new line for --continue or --abort
+    if args.abort and is_unfinished(project):
+        say(f"removed {discard(project)}: the new line never reached {args.to}")
+    return rc
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tools", description="Keep a quilt-style patch series against SGLang.")
     p.add_argument("--root", help="project root (default: this checkout)")
-    p.add_argument("--ref", help="SGLang ref, e.g. v0.5.9 (default: the one pinned in sglang.lock)")
+    p.add_argument("--ref", help="SGLang ref, e.g. v0.5.9: the line lines/<ref> when there is one, else the default "
+                   "line at that ref (default: the default line's pinned ref; check and status: every line)")
     p.add_argument("--tree", help="patched tree (default: build/sglang-<ref>)")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -171,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--report", help="write the Markdown report here (default: build/rebase-<ref>.md)")
     r.add_argument("--continue", dest="cont", action="store_true", help="continue after resolving a conflict")
     r.add_argument("--abort", action="store_true", help="abandon a rebase in progress")
+    r.add_argument("--new-line", action="store_true",
+                   help="make lines/<to>/ from the line --ref names (default: the default line) and port that copy; "
+                        "the source line is left as it is")
     r.set_defaults(func=cmd_rebase)
     return p
 
@@ -187,7 +223,7 @@ def error_label(e: ToolError) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    project = Project(Path(args.root).resolve() if args.root else default_root())
+    project = Project(Path(args.root).resolve() if args.root else default_root()).line_for(args.ref)
     try:
         return int(args.func(args, project))
     except ToolError as e:

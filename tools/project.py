@@ -18,21 +18,59 @@ IDENT_DATE = "Thu, 1 Jan 2026 00:00:00 +0000"
 IDENT_DATE_GIT = "2026-01-01T00:00:00+0000"
 
 
+LINES_DIR = "lines"
+
+
 @dataclass(frozen=True)
 class Project:
+    """A checkout and one of its release lines: the default line (series, patches/, sglang.lock and
+    tests/patches at the root) or ``lines/<ref>/`` with the same layout. Caches and build trees are
+    the checkout's, shared by every line."""
+
     root: Path
+    line: str | None = None  # None: the default line
+
+    @property
+    def line_dir(self) -> Path:
+        return self.root if self.line is None else self.root / LINES_DIR / self.line
 
     @property
     def series_path(self) -> Path:
-        return self.root / "series"
+        return self.line_dir / "series"
 
     @property
     def patches_dir(self) -> Path:
-        return self.root / "patches"
+        return self.line_dir / "patches"
 
     @property
     def lock_path(self) -> Path:
-        return self.root / "sglang.lock"
+        return self.line_dir / "sglang.lock"
+
+    @property
+    def label(self) -> str:
+        """How messages name the line: its folder relative to the checkout."""
+        return "." if self.line is None else f"{LINES_DIR}/{self.line}"
+
+    def with_line(self, line: str | None) -> Project:
+        return Project(self.root, line)
+
+    def extra_lines(self) -> list[str]:
+        """The refs of the lines kept under lines/, in release order."""
+        from tools.versions import release_order
+
+        base = self.root / LINES_DIR
+        found = [d.name for d in base.iterdir() if (d / "series").is_file()] if base.is_dir() else []
+        return sorted(found, key=release_order)
+
+    def all_lines(self) -> list[Project]:
+        """Every line of the checkout, the default one first."""
+        return [self.with_line(None), *(self.with_line(r) for r in self.extra_lines())]
+
+    def line_for(self, ref: str | None) -> Project:
+        """The line that serves ref: lines/<ref> when it exists, else the default line."""
+        if ref and (self.root / LINES_DIR / ref / "series").is_file():
+            return self.with_line(ref)
+        return self.with_line(None)
 
     @property
     def cache_dir(self) -> Path:

@@ -49,7 +49,7 @@ from tools.upstream import known_entry, materialise, pinned_ref, write_lock
 
 
 # -- main flow ------------------------------------------------------------------------------
-def _rebase_dir(project: Project, new_ref: str) -> Path:
+def rebase_tree(project: Project, new_ref: str) -> Path:
     return project.build_dir / f"rebase-{new_ref}"
 
 
@@ -57,7 +57,7 @@ def _start(project: Project, new_ref: str, patches: list[SeriesPatch]) -> tuple[
     old_ref = pinned_ref(project)
     if not old_ref:
         raise ToolError("sglang.lock pins no ref; `make apply SGLANG_REF=...` first")
-    path = _rebase_dir(project, new_ref)
+    path = rebase_tree(project, new_ref)
     if path.exists():
         repo = Git(path)
         st = State.load(repo)
@@ -175,7 +175,7 @@ def run_rebase(project: Project, new_ref: str, *, check: bool = False, drop: boo
                abort: bool = False, report: Path | None = None) -> int:
     """Port the series to ``new_ref`` (see the module docstring); the library entry point of ``rebase``."""
     report_path = report or project.build_dir / f"rebase-{new_ref}.md"
-    path = _rebase_dir(project, new_ref)
+    path = rebase_tree(project, new_ref)
     if abort:
         if path.exists():
             Git(path).run("am", "--abort", check=False)

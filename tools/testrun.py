@@ -102,10 +102,12 @@ def patch_tests(project: Project, tree: Path, ref: str, *, gpu_per_patch: bool =
 
 
 def gpu_tests(project: Project, tree: Path) -> TestOutcome | None:
-    if not (project.root / "tests" / "gpu").is_dir():
-        say("tests/gpu does not exist yet; skipping GPU tests")
+    """The line's GPU suite (tests/gpu of the line's folder) on its full series."""
+    suite = project.line_dir / "tests" / "gpu"
+    if not suite.is_dir():
+        say(f"{suite.relative_to(project.root)} does not exist; skipping GPU tests")
         return None
-    rc = _pytest(project, ["tests/gpu", "-q"], tree)
+    rc = _pytest(project, [str(suite.relative_to(project.root)), "-q"], tree)
     ok = rc in (0, PYTEST_NO_TESTS)  # GPU tests skip themselves on a machine without a GPU
     return TestOutcome("tests/gpu (full series)", ok, "" if ok else _describe(rc))
 

@@ -21,3 +21,9 @@ def release_key(ref: str) -> Version | None:
         return Version(version) if version else None
     except InvalidVersion:
         return None
+
+
+def release_order(ref: str) -> tuple[bool, Version, str]:
+    """A sort key: releases in version order, then other refs by name."""
+    key = release_key(ref)
+    return (key is None, key or Version("0"), ref)
