@@ -4,6 +4,10 @@
 VENV_PYTHON := .venv/bin/python
 PYTHON ?= $(VENV_PYTHON)
 SETUP = $(if $(filter $(VENV_PYTHON),$(PYTHON)),bash ci/bootstrap-venv.sh,true)
+# A release line with its own requirements runs its patch tests in .venv-<ref> (its SGLang release
+# imports another transformers than 0.5.9's).
+LINE_REQ = $(if $(SGLANG_REF),$(wildcard lines/$(SGLANG_REF)/requirements.txt))
+LINE_SETUP = $(if $(LINE_REQ),bash ci/bootstrap-venv.sh $(LINE_REQ) .venv-$(SGLANG_REF),true)
 # SGLANG_REF: upstream ref to build against; empty means the one pinned in sglang.lock (v0.5.9).
 SGLANG_REF ?=
 # SGLANG_REPO: optional local clone/mirror of upstream, tried before the network.
@@ -68,6 +72,7 @@ install: ## pip install --no-deps -e <tree>/python into $(PYTHON)'s environment
 
 test: ## tool tests, then each patch's declared Tests on the series up to it, then tests/gpu
 	@$(SETUP)
+	@$(LINE_SETUP)
 	$(TOOL) test $(if $(GPU_PER_PATCH),--gpu-per-patch) -- $(if $(OFFLINE),-m "not network") $(PYTEST_ARGS)
 
 rebase: ## port the series to SGLANG_REF=<new> (CHECK=1: report only; DROP=1: drop upstreamed; NEW_LINE=1 [FROM=<ref>]: as a new line)

@@ -2,12 +2,15 @@
 # `make`'s set-up step: create .venv and install ci/requirements.txt into it, when .venv is missing
 # or the requirements changed since it was installed (their sha256 is kept in .venv). pip does the
 # work, so the user's own index configuration (PIP_INDEX_URL, pip.conf, netrc) applies.
+#   bash ci/bootstrap-venv.sh [REQUIREMENTS VENV]: another environment, e.g. a release line's
+#   (lines/<ref>/requirements.txt into .venv-<ref>: the SGLang release and the packages it imports).
 #   BOOTSTRAP_PYTHON: the Python that creates .venv (default: the first of python3.11, python3.12,
 #                     python3.13, python3 on PATH; 3.11 or newer)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-req=ci/requirements.txt
-venv=.venv
+req=${1:-ci/requirements.txt}
+venv=${2:-.venv}
+[ -f "$req" ] || { echo "setup: $req does not exist" >&2; exit 2; }
 stamp=$venv/.requirements.sha256
 want=$(sha256sum "$req" | cut -d' ' -f1)
 if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then

@@ -51,6 +51,17 @@ class Project:
         """How messages name the line: its folder relative to the checkout."""
         return "." if self.line is None else f"{LINES_DIR}/{self.line}"
 
+    @property
+    def line_requirements(self) -> Path | None:
+        """The line's own CPU test environment, when it needs one (another SGLang release's imports)."""
+        req = self.line_dir / "requirements.txt"
+        return req if self.line is not None and req.is_file() else None
+
+    @property
+    def line_python(self) -> Path:
+        """Where `make test SGLANG_REF=<line>` sets that environment up."""
+        return self.root / f".venv-{self.line}" / "bin" / "python"
+
     def with_line(self, line: str | None) -> Project:
         return Project(self.root, line)
 

@@ -30,12 +30,26 @@ class TestOutcome:
     message: str
 
 
+def line_python(project: Project) -> str:
+    """The Python a line's patch tests run in: its own environment when it declares requirements."""
+    if project.line_requirements is None:
+        return sys.executable
+    if not project.line_python.is_file():
+        raise ToolError(f"{project.label} has its own requirements but {project.line_python} does not exist: "
+                        f"`make test SGLANG_REF={project.line}` sets it up (bash ci/bootstrap-venv.sh "
+                        f"{project.line_requirements.relative_to(project.root)} .venv-{project.line})")
+    return str(project.line_python)
+
+
 def _pytest(project: Project, args: list[str], tree: Path | None) -> int:
     env = dict(os.environ)
+    python = sys.executable
     if tree is not None:
         env["SGLANG_TREE"] = str(tree)
-    cmd = [sys.executable, "-m", "pytest", *args]
-    say("$ " + ("SGLANG_TREE=" + str(tree) + " " if tree else "") + "python " + " ".join(cmd[1:]))
+        python = line_python(project)
+    cmd = [python, "-m", "pytest", *args]
+    shown = "python" if python == sys.executable else python
+    say("$ " + ("SGLANG_TREE=" + str(tree) + " " if tree else "") + shown + " " + " ".join(cmd[1:]))
     return subprocess.run(cmd, cwd=project.root, env=env).returncode
 
 

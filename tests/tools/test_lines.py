@@ -118,3 +118,22 @@ def test_a_line_is_not_moved_to_another_release(proj: Path, capsys: pytest.Captu
     assert tool(proj, "--ref", "v2.0.0", "rebase", "--to", "v3.0.0") == 2
     assert "NEW_LINE=1" in capsys.readouterr().err
     assert json.loads((proj / "lines/v2.0.0/sglang.lock").read_text())["ref"] == "v2.0.0"
+
+
+def test_a_line_with_its_own_requirements_tests_in_its_own_python(proj: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+    import sys
+
+    assert tool(proj, "rebase", "--to", "v2.0.0", "--new-line") == 0
+    assert tool(proj, "--ref", "v2.0.0", "apply") == 0
+    (proj / "lines/v2.0.0/requirements.txt").write_text("sglang==2.0.0\n")
+    capsys.readouterr()
+    assert tool(proj, "--ref", "v2.0.0", "test", "--patches-only") == 1
+    assert "bash ci/bootstrap-venv.sh lines/v2.0.0/requirements.txt .venv-v2.0.0" in capsys.readouterr().err
+    venv_python = proj / ".venv-v2.0.0/bin/python"
+    venv_python.parent.mkdir(parents=True)
+    os.symlink(sys.executable, venv_python)
+    assert tool(proj, "--ref", "v2.0.0", "test", "--patches-only") == 0
+    err = capsys.readouterr().err
+    assert f"{venv_python} -m pytest -q lines/v2.0.0/tests/patches/test_x.py::test_x" in err
+    assert "lines/v2.0.0/tests/gpu does not exist" in err
