@@ -35,6 +35,8 @@ BENCH_ARGS ?=
 PYTEST_ARGS ?=
 # OFFLINE=1: leave out the tool tests that fetch SGLang releases from PyPI (air-gapped GPU boxes).
 OFFLINE ?=
+# PATCHES_ONLY=1: skip the tool's own tests (they do not depend on the line).
+PATCHES_ONLY ?=
 # GPU_PER_PATCH=1: also run each patch's GPU tests on its prefix of the series (attribution; slow).
 GPU_PER_PATCH ?=
 
@@ -73,7 +75,7 @@ install: ## pip install --no-deps -e <tree>/python into $(PYTHON)'s environment
 test: ## tool tests, then each patch's declared Tests on the series up to it, then tests/gpu
 	@$(SETUP)
 	@$(LINE_SETUP)
-	$(TOOL) test $(if $(GPU_PER_PATCH),--gpu-per-patch) -- $(if $(OFFLINE),-m "not network") $(PYTEST_ARGS)
+	$(TOOL) test $(if $(GPU_PER_PATCH),--gpu-per-patch) $(if $(PATCHES_ONLY),--patches-only) -- $(if $(OFFLINE),-m "not network") $(PYTEST_ARGS)
 
 rebase: ## port the series to SGLANG_REF=<new> (CHECK=1: report only; DROP=1: drop upstreamed; NEW_LINE=1 [FROM=<ref>]: as a new line)
 	@$(SETUP)

@@ -52,8 +52,9 @@ def cmd_refresh(args: argparse.Namespace, project: Project) -> int:
     from tools.export import export_tree
 
     out = export_tree(project, _tree(args, project), force=args.force)
+    where = project.patches_dir.relative_to(project.root)
     for n in out.written:
-        print(f"wrote patches/{n}" + (" (new, appended to series)" if n in out.added else ""))
+        print(f"wrote {where}/{n}" + (" (new, appended to series)" if n in out.added else ""))
     print(f"refresh: {len(out.written)} written, {len(out.unchanged)} unchanged, {len(out.added)} new")
     return 0
 
@@ -142,8 +143,8 @@ def cmd_rebase(args: argparse.Namespace, project: Project) -> int:
     started = args.new_line and not (args.cont or args.abort or args.check)
     if started:
         project = start_line(project, args.to)
-    elif project.line_for(args.to).line == args.to:
-        project = project.line_for(args.to)  # a line being made (continue, abort) or already there
+    elif (args.cont or args.abort) and is_unfinished(project.line_for(args.to)):
+        project = project.line_for(args.to)  # the new line whose first rebase stopped
     elif project.line is not None and not args.check:
         raise UsageError(f"{project.label} is named by its release: make the {args.to} line with "
                          f"`make rebase FROM={project.line} SGLANG_REF={args.to} NEW_LINE=1` instead of moving it")
@@ -201,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--to", required=True, help="the new ref, e.g. v0.5.10")
     r.add_argument("--check", action="store_true", help="report only; change nothing")
     r.add_argument("--drop", action="store_true", help="confirm dropping patches found upstream/obsolete")
-    r.add_argument("--report", help="write the Markdown report here (default: build/rebase-<ref>.md)")
+    r.add_argument("--report", help="write the Markdown report here (default: docs/rebase/<ref>.md with --check, else "
+                   "build/rebase-<ref>.md)")
     r.add_argument("--continue", dest="cont", action="store_true", help="continue after resolving a conflict")
     r.add_argument("--abort", action="store_true", help="abandon a rebase in progress")
     r.add_argument("--new-line", action="store_true",

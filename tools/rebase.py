@@ -174,7 +174,9 @@ def _finish(project: Project, repo: Git, state: State, outcomes: list[PatchOutco
 def run_rebase(project: Project, new_ref: str, *, check: bool = False, drop: bool = False, cont: bool = False,
                abort: bool = False, report: Path | None = None) -> int:
     """Port the series to ``new_ref`` (see the module docstring); the library entry point of ``rebase``."""
-    report_path = report or project.build_dir / f"rebase-{new_ref}.md"
+    # A report-only run is what docs/rebase/ keeps for each release; a real one stays with its build.
+    report_path = report or (project.root / "docs" / "rebase" / f"{new_ref}.md" if check
+                             else project.build_dir / f"rebase-{new_ref}.md")
     path = rebase_tree(project, new_ref)
     if abort:
         if path.exists():

@@ -137,3 +137,10 @@ def test_a_line_with_its_own_requirements_tests_in_its_own_python(proj: Path, ca
     err = capsys.readouterr().err
     assert f"{venv_python} -m pytest -q lines/v2.0.0/tests/patches/test_x.py::test_x" in err
     assert "lines/v2.0.0/tests/gpu does not exist" in err
+
+
+def test_a_report_on_the_default_line_while_the_new_line_exists(proj: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert tool(proj, "rebase", "--to", "v2.0.0", "--new-line") == 0
+    capsys.readouterr()
+    assert tool(proj, "rebase", "--to", "v2.0.0", "--check") == 0
+    assert (proj / "docs/rebase/v2.0.0.md").read_text().startswith("# Rebase report: v1.0.0 -> v2.0.0")

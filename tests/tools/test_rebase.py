@@ -81,7 +81,7 @@ def test_check_classifies_every_status_and_changes_nothing(proj: Path, capsys: p
     assert "conflicts in python/sglang/srt/delete_me.py" in out or "| f-conflict.patch | conflict |" in out
     assert "## Range-diff" in out and "A exact" in out
     assert snapshot(proj) == before
-    assert (proj / "build/rebase-v2.0.0.md").read_text().startswith("# Rebase report: v1.0.0 -> v2.0.0")
+    assert (proj / "docs/rebase/v2.0.0.md").read_text().startswith("# Rebase report: v1.0.0 -> v2.0.0")
 
 
 def test_roll_needs_drop_then_updates_everything(proj: Path, capsys: pytest.CaptureFixture[str]) -> None:
