@@ -90,6 +90,26 @@ def test_fusion_gate_off_on_sm80(device, monkeypatch):
     assert _gate(communicator, monkeypatch, backend=None) is False
 
 
+@pytest.mark.parametrize("arch", ["sm120", "sm100", "sm90", "sm80"])
+def test_backend_resolution(device, arch):
+    """What --flashinfer-allreduce-fusion-backend resolves to: without SM120 here, any backend on
+    SM120 raised "requires SM90 or SM10X" at the first fused layer."""
+    import sglang.srt.layers.flashinfer_comm_fusion as fusion
+
+    device(CAPABILITIES[arch])
+    if arch == "sm80":
+        with pytest.raises(ValueError, match="requires"):
+            fusion._resolve_backend("auto")
+        return
+    want_auto = {"sm120": "trtllm", "sm100": "mnnvl", "sm90": "trtllm"}[arch]
+    assert fusion._resolve_backend("auto") == want_auto
+    assert fusion._resolve_backend("trtllm") == "trtllm"
+    if arch == "sm120":
+        for backend, multi_node in (("mnnvl", False), ("auto", True), ("trtllm", True)):
+            with pytest.raises(ValueError, match="SM120"):
+                fusion._resolve_backend(backend, multi_node)
+
+
 def _auto_enabled(backend=None):
     """0.5.15's own auto-enable pass, on a single-node TP 8 Kimi-K2.5 server."""
     from sglang.srt.arg_groups import overrides
