@@ -50,7 +50,7 @@ help: ## list targets and variables
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
 	@echo
 	@echo "variables: SGLANG_REF (default: pinned in sglang.lock) SGLANG_REPO TREE FORCE=1 ALLOW_OFFSET=1"
-	@echo "           REFS='v0.5.10 v0.5.15' (status) CHECK=1 DROP=1 NEW_LINE=1 FROM=<ref> (rebase) OFFLINE=1 GPU_PER_PATCH=1 (test) PYTHON=$(PYTHON) BOOTSTRAP_PYTHON"
+	@echo "           REFS='v0.5.10 v0.5.15' (status) CHECK=1 DROP=1 NEW_LINE=1 FROM=<ref> (rebase) OFFLINE=1 GPU_PER_PATCH=1 PATCHES_ONLY=1 (test) PYTHON=$(PYTHON) BOOTSTRAP_PYTHON"
 
 apply: ## build build/sglang-<ref>: upstream base + one commit per patch (strict)
 	@$(SETUP)
