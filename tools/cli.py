@@ -154,7 +154,9 @@ def cmd_rebase(args: argparse.Namespace, project: Project) -> int:
     except ToolError:
         if started and not rebase_tree(project, args.to).exists():
             say(f"removed {discard(project)}: the new line did not start")
-        raise  # a conflict keeps the new line for --continue or --abort
+        elif started:  # a conflict keeps the new line for --continue or --abort
+            say(f"{project.label} holds the copy being ported; `make rebase SGLANG_REF={args.to} ABORT=1` removes it")
+        raise
     if args.abort and is_unfinished(project):
         say(f"removed {discard(project)}: the new line never reached {args.to}")
     return rc

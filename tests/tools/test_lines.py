@@ -99,7 +99,8 @@ def test_a_conflicted_new_line_continues_or_is_discarded_on_abort(proj: Path, ca
     assert tool(proj, "refresh") == 0
     before = snapshot(proj)
     assert tool(proj, "rebase", "--to", "v3.0.0", "--new-line") == 1
-    assert "Stopped at clash.patch" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "Stopped at clash.patch" in err and "lines/v3.0.0 holds the copy being ported" in err
     assert (proj / "lines/v3.0.0").is_dir(), "kept while the conflict waits"
     assert tool(proj, "rebase", "--to", "v3.0.0", "--abort") == 0
     assert "never reached v3.0.0" in capsys.readouterr().err
