@@ -8,6 +8,7 @@ Only the native `sgl_kernel` library is stood in for, and only when it is not in
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -15,13 +16,23 @@ from pathlib import Path
 import pytest
 import torch
 
-PROJECT_ROOT = Path(__file__).resolve().parents[4]  # lines/<ref>/tests/patches
-DEFAULT_TREE = PROJECT_ROOT / "build" / "sglang-v0.5.15"
-STUBS = Path(__file__).resolve().parent / "stubs"
+HERE = Path(__file__).resolve().parent
+# This harness is copied into each release line (lines/<ref>/tests/patches) and finds its own:
+# the line's folder holds the lock, the checkout root holds build/.
+LINE_DIR = HERE.parents[1]
+PROJECT_ROOT = LINE_DIR.parents[1] if LINE_DIR.parent.name == "lines" else LINE_DIR
+STUBS = HERE / "stubs"
+
+
+def _default_tree() -> Path:
+    """build/sglang-<ref>, the tree `make apply` builds for the ref this line's lock pins."""
+    lock = LINE_DIR / "sglang.lock"
+    ref = json.loads(lock.read_text(encoding="utf-8"))["ref"] if lock.is_file() else "v0.5.9"
+    return PROJECT_ROOT / "build" / f"sglang-{ref}"
 
 
 def _tree() -> Path:
-    tree = Path(os.environ.get("SGLANG_TREE") or DEFAULT_TREE).resolve()
+    tree = Path(os.environ.get("SGLANG_TREE") or _default_tree()).resolve()
     if not (tree / "python" / "sglang" / "__init__.py").is_file():
         raise pytest.UsageError(
             f"no patched SGLang tree at {tree}: run `make apply` first, "
