@@ -327,8 +327,7 @@ def generate(params: AnyParams | None = None, root: Path | None = None, *, quiet
     tmp = Path(tempfile.mkdtemp(prefix=f".{params.key()}-", dir=root))
     try:
         if isinstance(params, TrainedParams):
-            if params.device != "cpu":
-                _require_device(params.device)
+            _require_device(params.device)
             manifest = build_trained(tmp, params, quiet)
         else:
             manifest = _build_synthetic(tmp, params, quiet)
