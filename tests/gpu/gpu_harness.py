@@ -165,14 +165,20 @@ class Run:
         return rl.counters if rl else None
 
 
-def run_server(name: str, spec: ServerSpec, tree: Path, log_dir: Path, groups: list[list[str]],
-               sampling: dict[str, Any], extra: dict[str, Any] | None = None, fixed_concurrency: int | None = None,
-               extra_by_prompt: dict[str, dict[str, Any]] | None = None) -> Run:
-    """Start a server, send each group with concurrency = its size (or fixed), stop it."""
+def fresh_log(log_dir: Path, name: str) -> Path:
+    """The server log of this run: the server appends, so an earlier run's log is removed first."""
     log = log_dir / f"{name}.log"
     if log.exists():
         log.unlink()
     LOGS_SEEN.append(log)
+    return log
+
+
+def run_server(name: str, spec: ServerSpec, tree: Path, log_dir: Path, groups: list[list[str]],
+               sampling: dict[str, Any], extra: dict[str, Any] | None = None, fixed_concurrency: int | None = None,
+               extra_by_prompt: dict[str, dict[str, Any]] | None = None) -> Run:
+    """Start a server, send each group with concurrency = its size (or fixed), stop it."""
+    log = fresh_log(log_dir, name)
     results: list[client.Result] = []
     walls: list[tuple[int, float]] = []
     with Server(spec, log, tree) as srv:

@@ -61,8 +61,7 @@ def _generate(url: str, ids: list[list[int]], max_new: list[int]) -> list[dict[s
 
 def _serve(name: str, spec: ServerSpec, ctx: dict[str, Any], ids: list[list[int]],
            max_new: list[int]) -> tuple[list[dict[str, Any]], Path]:
-    log = ctx["logs"] / f"{name}.log"
-    H.LOGS_SEEN.append(log)
+    log = H.fresh_log(ctx["logs"], name)
     with Server(spec, log, ctx["tree"]) as srv:
         return _generate(srv.url, ids, max_new), log
 
