@@ -87,5 +87,5 @@ bench: ## benchmarks (the bench package)
 	@$(SETUP)
 	$(PYTHON) -m bench $(BENCH_ARGS)
 
-bundle: check ## offline bundle (.gpu) of the patched tree for a GPU machine without network, stamped with the series
-	bash ci/gpu/make-bundle.sh $(TREE)
+bundle: check ## offline bundle (.gpu) of a line's patched tree for a GPU machine without network, stamped with its series
+	bash ci/gpu/make-bundle.sh "$(SGLANG_REF)" $(TREE)

@@ -22,6 +22,7 @@ import requests
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TREE = PROJECT_ROOT / "build" / "sglang-v0.5.9"
 PATCH_MARKER = "speculative_disable_batch_size"
+SM120_MARKER = "_is_sm120_supported"  # 0001 on the lines that run on a GPU (v0.5.9, v0.5.15)
 # Flags that avoid pieces missing from the offline H200 bundle (see shared/gpu/README.md);
 # override with $SGL_BASE_FLAGS (may be empty) on a fully installed box.
 # --max-total-tokens: the tiny fixture models would otherwise give the target a KV pool of most of
@@ -58,11 +59,24 @@ def server_env(tree: Path, extra: dict[str, str] | None = None) -> dict[str, str
     return env
 
 
-def check_tree(tree: Path, python: str = sys.executable) -> str:
-    """Refuse an unpatched tree or a foreign `sglang`; return the imported sglang's path."""
-    sa = tree / "python" / "sglang" / "srt" / "server_args.py"
-    if not sa.is_file() or PATCH_MARKER not in sa.read_text(encoding="utf-8"):
+def _has(path: Path, marker: str) -> bool:
+    return path.is_file() and marker in path.read_text(encoding="utf-8")
+
+
+def tree_has_switch(tree: Path) -> bool:
+    """Whether the tree carries the speculation switch (a line may drop it: lines/<ref>/NOTES.md)."""
+    return _has(tree / "python" / "sglang" / "srt" / "server_args.py", PATCH_MARKER)
+
+
+def check_tree(tree: Path, python: str = sys.executable, *, require_switch: bool = True) -> str:
+    """Refuse an unpatched tree or a foreign `sglang`; return the imported sglang's path.
+    require_switch False: a line's tree without the switch passes if it carries the SM120 patch."""
+    if require_switch and not tree_has_switch(tree):
+        sa = tree / "python" / "sglang" / "srt" / "server_args.py"
         raise TreeError(f"{tree} lacks the patch ({PATCH_MARKER} not in {sa}): run `make apply`")
+    if not tree_has_switch(tree) and not _has(tree / "python" / "sglang" / "srt" / "layers" / "communicator.py",
+                                               SM120_MARKER):
+        raise TreeError(f"{tree} carries neither the switch nor the SM120 patch: run `make apply SGLANG_REF=<line>`")
     proc = subprocess.run(
         [python, "-c", "import sglang, sys; sys.stdout.write(sglang.__file__)"],
         env=server_env(tree), capture_output=True, text=True, timeout=300,

@@ -18,12 +18,12 @@ OUT="${OUT:-$PWD/build/device-out}"
 mkdir -p "$OUT"
 log() { echo "[run-on-device] $*" | tee -a "$OUT/run-on-device.log" >&2; }
 
-[ -f .gpu/setup.sh ] || { log "no .gpu/ bundle: build it here with ../shared/gpu/build-bundle.sh .gpu <patched tree> and carry .gpu"; exit 2; }
-[ -f .gpu/tree.tar.xz ] || { log ".gpu/tree.tar.xz missing: pass the patched tree to build-bundle.sh"; exit 2; }
-stamp=$(bash ci/gpu/patches-stamp.sh)
+[ -f .gpu/setup.sh ] && [ -f .gpu/tree.tar.xz ] || { log "no .gpu/ bundle: build it with make bundle [SGLANG_REF=<line>] and carry .gpu"; exit 2; }
+line=$(cat .gpu/line 2>/dev/null || true)
+stamp=$(bash ci/gpu/patches-stamp.sh "$line")
 if [ "$(cat .gpu/patches.sha256 2>/dev/null)" != "$stamp" ] && [ -z "${ALLOW_STALE_BUNDLE:-}" ]; then
   log "the .gpu bundle was not built from this checkout's patches (stamp $(cat .gpu/patches.sha256 2>/dev/null || echo missing), series $stamp):"
-  log "run 'make bundle' here and carry .gpu again (ALLOW_STALE_BUNDLE=1 runs it anyway)"
+  log "run 'make bundle SGLANG_REF=${line:-<ref>}' here and carry .gpu again (ALLOW_STALE_BUNDLE=1 runs it anyway)"
   exit 2
 fi
 t0=$(date +%s)

@@ -55,15 +55,33 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU and the patched SGLang tree (skipped without a GPU)")
     config.addinivalue_line("markers", "gpus(n): needs at least n CUDA GPUs")
     config.addinivalue_line("markers", "cpu_fixture: runs on CPU (fixture generator checks)")
+    config.addinivalue_line("markers", "switch: needs the speculation switch in the tree (skipped on a line without it)")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
     return f"GPU tests: {GPUS} CUDA GPU(s) ({GPU_HOW}); SGLANG_TREE={os.environ.get('SGLANG_TREE') or '(default)'}"
 
 
+def _tree_without_switch() -> str | None:
+    """The reason to skip switch tests: the tree is there and carries no switch (None otherwise)."""
+    from bench.server import TreeError, resolve_tree, tree_has_switch
+
+    try:
+        tree = resolve_tree()
+    except TreeError:
+        return None  # sgl_tree refuses it, with the reason
+    if tree_has_switch(tree):
+        return None
+    return f"the tree at {tree} carries no speculation switch (its line does not port it: lines/<ref>/NOTES.md)"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    no_switch = _tree_without_switch() if GPUS else None
     for item in items:
         if item.get_closest_marker("gpu") is None:
+            continue
+        if no_switch and item.get_closest_marker("switch") is not None:
+            item.add_marker(pytest.mark.skip(reason=no_switch))
             continue
         if GPUS == 0:
             item.add_marker(pytest.mark.skip(reason=f"no CUDA GPU: {GPU_HOW}"))
@@ -79,7 +97,7 @@ def sgl_tree() -> Path:
 
     try:
         tree = resolve_tree()
-        imported = check_tree(tree)
+        imported = check_tree(tree, require_switch=False)
     except TreeError as e:
         pytest.exit(f"refusing to run the GPU tests: {e}", returncode=3)
     SUMMARY.append(f"sglang imported from {imported}")

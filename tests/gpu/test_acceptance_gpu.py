@@ -23,7 +23,7 @@ from bench.server import Server, ServerSpec
 import gpu_harness as H
 from gpu_harness import SUMMARY
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.switch]
 SURVIVORS = H.ENABLE
 BURST = 3 * H.DISABLE
 LONG, SHORT = 256, 48

@@ -14,7 +14,7 @@ import pytest
 import gpu_harness as H
 from gpu_harness import SUMMARY
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.switch]
 RAMP = [1, 5, 30, 70, 10, 1]  # crosses the switch threshold both ways
 LOGPROB_TOL = 0.05
 OUTPUT_ONLY = {"return_logprob": True, "top_logprobs_num": 3}

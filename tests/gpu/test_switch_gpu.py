@@ -15,7 +15,7 @@ from bench.logparse import captured_graph_sets
 import gpu_harness as H
 from gpu_harness import SUMMARY
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.switch]
 @pytest.fixture(scope="session")
 def ctx(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
     return H.ramp_context(sgl_tree, log_dir, fixture_models)
