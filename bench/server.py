@@ -7,6 +7,7 @@ would not load the tree's copy.
 from __future__ import annotations
 
 import os
+import random
 import shlex
 import signal
 import socket
@@ -92,10 +93,27 @@ def check_tree(tree: Path, python: str = sys.executable, *, require_switch: bool
     return str(imported)
 
 
-def free_port() -> int:
+# SGLang 0.5.15+ derives its gRPC port as --port + 10000 and refuses to start when that passes 65535.
+HIGHEST_SERVER_PORT = 65535 - 10000
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port() -> int:
+    """A free port that every supported SGLang release accepts as --port."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, HIGHEST_SERVER_PORT + 1)
+        if _bindable(port):
+            return port
+    raise ServerError(f"no free port found in 20000..{HIGHEST_SERVER_PORT}")
 
 
 @dataclass

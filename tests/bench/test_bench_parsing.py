@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench import cli, client  # noqa: E402
 from bench.configs import CONFIGS, parse_configs  # noqa: E402
 from bench.logparse import parse_log, parse_metrics, rank_of  # noqa: E402
-from bench.server import ServerSpec, TreeError, check_tree  # noqa: E402
+from bench.server import ServerSpec, TreeError, check_tree, free_port, tree_has_switch  # noqa: E402
 
 LOG = """\
 [2026-11-29 10:00:00 TP0] Prefill batch, #new-seq: 1, #new-token: 12, cuda graph: False
@@ -86,11 +86,12 @@ def test_server_argv() -> None:
     assert "--speculative-draft-model-path" not in ServerSpec("/m", "/d").argv(1, "py")
 
 
-def _tree(tmp_path: Path, patched: bool) -> Path:
+def _tree(tmp_path: Path, patched: bool, sm120: bool = False) -> Path:
     pkg = tmp_path / "python" / "sglang" / "srt"
-    pkg.mkdir(parents=True)
+    (pkg / "layers").mkdir(parents=True)
     (pkg.parent / "__init__.py").write_text("")
     (pkg / "server_args.py").write_text("speculative_disable_batch_size = None\n" if patched else "x = 1\n")
+    (pkg / "layers" / "communicator.py").write_text("_is_sm120_supported = False\n" if sm120 else "x = 1\n")
     return tmp_path
 
 
@@ -99,6 +100,22 @@ def test_check_tree(tmp_path: Path) -> None:
         check_tree(_tree(tmp_path / "a", patched=False))
     tree = _tree(tmp_path / "b", patched=True)
     assert Path(check_tree(tree)).resolve() == (tree / "python" / "sglang" / "__init__.py").resolve()
+
+
+def test_a_line_without_the_switch_passes_only_where_asked(tmp_path: Path) -> None:
+    line_tree = _tree(tmp_path / "line", patched=False, sm120=True)
+    assert not tree_has_switch(line_tree)
+    with pytest.raises(TreeError, match="lacks the patch"):
+        check_tree(line_tree)
+    assert Path(check_tree(line_tree, require_switch=False)).name == "__init__.py"
+    with pytest.raises(TreeError, match="neither the switch nor the SM120 patch"):
+        check_tree(_tree(tmp_path / "bare", patched=False), require_switch=False)
+
+
+def test_free_ports_leave_room_for_the_grpc_port() -> None:
+    ports = [free_port() for _ in range(100)]
+    assert max(ports) + 10000 <= 65535, max(ports)
+    assert len(set(ports)) > 50  # drawn, not one fixed port that another server could hold
 
 
 def test_cli_report_merges(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
