@@ -24,7 +24,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TREE = PROJECT_ROOT / "build" / "sglang-v0.5.9"
 PATCH_MARKER = "speculative_disable_batch_size"
 SM120_MARKER = "_is_sm120_supported"  # 0001 on the lines that run on a GPU (v0.5.9, v0.5.15)
-# Flags that avoid pieces missing from the offline H200 bundle (see shared/gpu/README.md);
+# Flags that avoid pieces missing from the offline GPU bundle (ci/gpu/build-bundle.sh);
 # override with $SGL_BASE_FLAGS (may be empty) on a fully installed box.
 # --max-total-tokens: the tiny fixture models would otherwise give the target a KV pool of most of
 # the GPU (mem-fraction-static 0.895) and leave too little for the draft's pool.

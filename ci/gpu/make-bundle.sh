@@ -5,6 +5,7 @@
 #   bash ci/gpu/make-bundle.sh [REF [TREE]]   # REF: a line (default: the ref pinned in sglang.lock);
 #                                             # TREE: default build/sglang-<REF>
 # The wheel list is lines/<REF>/gpu-wheels.txt for a line kept under lines/, else ci/gpu/wheels.txt.
+# BUNDLE_SCRIPT: another builder taking DEST TREE WHEELS (default ci/gpu/build-bundle.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 pinned=$(sed -n 's/.*"ref": *"\([^"]*\)".*/\1/p' sglang.lock)
@@ -18,7 +19,7 @@ if [ -n "$(git -C "$tree" status --porcelain --untracked-files=no)" ]; then
   echo "make-bundle: $tree has uncommitted changes; commit them and make refresh, so the bundle is the series" >&2
   exit 2
 fi
-bash ci/gpu/build-bundle.sh .gpu "$tree" "$wheels"
+bash "${BUNDLE_SCRIPT:-ci/gpu/build-bundle.sh}" .gpu "$tree" "$wheels"
 echo "$ref" > .gpu/line
 bash ci/gpu/patches-stamp.sh "$ref" > .gpu/patches.sha256
 echo "make-bundle: .gpu holds $tree (line $ref), series stamp $(cat .gpu/patches.sha256)"

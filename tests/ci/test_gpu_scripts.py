@@ -1,7 +1,7 @@
 """The device scripts refuse a GPU bundle built from other patches than the checkout's (CPU, fast).
 
-Runs the real ci/gpu scripts on a copy of the project's series in tmp_path, with a stand-in for the
-shared bundle builder (it downloads the GPU wheels).
+Runs the real ci/gpu scripts on a copy of the project's lines in tmp_path, with a stand-in for the
+bundle builder (it downloads the GPU wheels).
 """
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Writes the two files run-on-device.sh looks for; what they hold is the shared builder's business.
+# Writes the two files run-on-device.sh looks for, and which wheel list it was given.
 FAKE_BUILDER = """#!/bin/bash
 set -euo pipefail
-mkdir -p "$1"
+rm -rf "$1" && mkdir -p "$1"
 echo 'exit 0' > "$1/setup.sh"
 tar cf "$1/tree.tar.xz" -C "$2" python
+echo "$3" > "$1/wheels-used"
 """
 
 
@@ -32,15 +33,16 @@ def project(tmp_path: Path) -> Path:
     proj = tmp_path / "proj"
     shutil.copytree(ROOT / "ci" / "gpu", proj / "ci" / "gpu")
     shutil.copytree(ROOT / "patches", proj / "patches")
+    shutil.copytree(ROOT / "lines", proj / "lines")
     for name in ("series", "sglang.lock"):
         shutil.copy(ROOT / name, proj / name)
-    ref = "v0.5.9"
-    tree = proj / "build" / f"sglang-{ref}"
-    (tree / "python" / "sglang").mkdir(parents=True)
-    (tree / "python" / "sglang" / "__init__.py").write_text("")
-    _git(tree, "init", "-q")
-    _git(tree, "add", "-A")
-    _git(tree, "commit", "-qm", "patched")
+    for ref in ("v0.5.9", "v0.5.15"):
+        tree = proj / "build" / f"sglang-{ref}"
+        (tree / "python" / "sglang").mkdir(parents=True)
+        (tree / "python" / "sglang" / "__init__.py").write_text("")
+        _git(tree, "init", "-q")
+        _git(tree, "add", "-A")
+        _git(tree, "commit", "-qm", "patched")
     builder = tmp_path / "build-bundle.sh"
     builder.write_text(FAKE_BUILDER)
     return proj
@@ -57,6 +59,7 @@ def test_bundle_is_stamped_with_the_series_and_a_changed_patch_is_refused(projec
     assert made.returncode == 0, made.stderr
     stamp = (project / ".gpu" / "patches.sha256").read_text().strip()
     assert stamp == _run(project, "ci/gpu/patches-stamp.sh").stdout.strip() and len(stamp) == 64
+    assert (project / ".gpu" / "wheels-used").read_text().strip() == "ci/gpu/wheels.txt"
 
     # The stamp check comes before setup; `env` then stops at the first thing the CPU box lacks.
     fresh = _run(project, "ci/gpu/run-on-device.sh", "env")
@@ -78,5 +81,30 @@ def test_bundle_refuses_a_tree_with_uncommitted_changes(project: Path) -> None:
 
 
 def test_bundle_without_a_tree_says_to_apply(project: Path) -> None:
-    made = _run(project, "ci/gpu/make-bundle.sh", "build/nowhere")
+    made = _run(project, "ci/gpu/make-bundle.sh", "v0.5.9", "build/nowhere")
     assert made.returncode == 2 and "make apply" in made.stderr
+
+
+def test_a_line_bundle_carries_its_wheels_and_its_own_stamp(project: Path) -> None:
+    made = _run(project, "ci/gpu/make-bundle.sh", "v0.5.15")
+    assert made.returncode == 0, made.stderr
+    gpu = project / ".gpu"
+    assert (gpu / "line").read_text().strip() == "v0.5.15"
+    assert (gpu / "wheels-used").read_text().strip() == "lines/v0.5.15/gpu-wheels.txt"
+    stamp = (gpu / "patches.sha256").read_text().strip()
+    assert stamp == _run(project, "ci/gpu/patches-stamp.sh", "v0.5.15").stdout.strip()
+    assert stamp != _run(project, "ci/gpu/patches-stamp.sh").stdout.strip()
+    fresh = _run(project, "ci/gpu/run-on-device.sh", "env")
+    assert "not built from this checkout's patches" not in fresh.stderr and "setup done" in fresh.stderr
+
+    patch = next((project / "lines" / "v0.5.15" / "patches").glob("*.patch"))
+    patch.write_text(patch.read_text() + "\n")
+    stale = _run(project, "ci/gpu/run-on-device.sh", "env")
+    assert stale.returncode == 2 and "make bundle SGLANG_REF=v0.5.15" in stale.stderr
+
+
+def test_a_cpu_only_line_and_an_unknown_ref_are_refused(project: Path) -> None:
+    cpu_only = _run(project, "ci/gpu/make-bundle.sh", "v0.5.23")
+    assert cpu_only.returncode == 2 and "CPU-tested only" in cpu_only.stderr
+    unknown = _run(project, "ci/gpu/make-bundle.sh", "v9.9.9")
+    assert unknown.returncode == 2 and "no line v9.9.9" in unknown.stderr
