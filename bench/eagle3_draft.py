@@ -200,9 +200,10 @@ def chain_accept_length(agreement: list[float]) -> float:
     return total
 
 
-def checkpoint_tensors(draft: Eagle3Draft) -> dict[str, Any]:
-    """The draft's tensors as SGLang loads them: bf16 weights, identity vocabulary maps."""
-    out: dict[str, Any] = {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in draft.state_dict().items()}
+def checkpoint_tensors(draft: Eagle3Draft, dtype: str = "bfloat16") -> dict[str, Any]:
+    """The draft's tensors as SGLang loads them: weights in `dtype`, identity vocabulary maps."""
+    cast = getattr(torch, dtype)
+    out: dict[str, Any] = {k: v.detach().to("cpu", cast).contiguous() for k, v in draft.state_dict().items()}
     vocab = draft.shape.vocab
     out["d2t"] = torch.zeros(vocab, dtype=torch.int64)
     out["t2d"] = torch.ones(vocab, dtype=torch.bool)

@@ -17,7 +17,7 @@ def llama_config(params: TrainedParams, vocab: int, layers: int, intermediate: i
         vocab_size=vocab, hidden_size=params.hidden, intermediate_size=intermediate or params.intermediate,
         num_hidden_layers=layers, num_attention_heads=params.heads, num_key_value_heads=params.kv_heads,
         max_position_embeddings=params.max_positions, rms_norm_eps=1e-5, rope_theta=10000.0,
-        initializer_range=0.02, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16",
+        initializer_range=0.02, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, torch_dtype=params.dtype,
     )
 
 
@@ -78,11 +78,12 @@ def new_draft(params: TrainedParams, vocab: int, target: Any) -> Eagle3Draft:
 
 
 def extended_state(trained: dict[str, Any], params: TrainedParams, layers: int) -> dict[str, Any]:
-    """The trained target's tensors (bf16) plus pass-through layers up to `layers`: zero weights but
-    the norms, so each adds nothing to the residual stream."""
+    """The trained target's tensors (in params.dtype) plus pass-through layers up to `layers`: zero
+    weights but the norms, so each adds nothing to the residual stream."""
     import torch
 
-    out = {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in trained.items()}
+    dtype = getattr(torch, params.dtype)
+    out = {k: v.detach().to("cpu", dtype).contiguous() for k, v in trained.items()}
     template = {k.split(".", 3)[3]: v for k, v in out.items() if k.startswith("model.layers.0.")}
     for i in range(params.trained_layers, layers):
         for name, t in template.items():
@@ -105,7 +106,7 @@ def write_draft(out: Path, draft: Eagle3Draft, params: TrainedParams, vocab: int
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    save_file(checkpoint_tensors(draft), str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(checkpoint_tensors(draft, params.dtype), str(out / "model.safetensors"), metadata={"format": "pt"})
     cfg = llama_config(params, vocab, 1, params.draft_intermediate).to_dict()
     cfg.update(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=vocab, target_hidden_size=params.hidden)
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -112,6 +112,36 @@ def test_draft_checkpoint_is_what_sglang_loads(fx: fixtures.Fixtures) -> None:
     assert not weights["d2t"].any() and bool(weights["t2d"].all())
 
 
+def test_checkpoints_are_in_the_served_dtype(fx: fixtures.Fixtures) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    for name in ("target-trained", "target-trained-gpu-bound", "draft-trained"):
+        cfg = json.loads((fx.path(name) / "config.json").read_text())
+        assert cfg.get("torch_dtype", cfg.get("dtype")) == TOY.dtype == "float16"  # transformers 4.57 writes "dtype"
+        weights = load_file(str(fx.path(name) / "model.safetensors"))
+        floats = {t.dtype for t in weights.values() if t.is_floating_point()}
+        assert floats == {torch.float16}, f"{name}: {floats}"
+    with pytest.raises(TrainingError, match="float16 or bfloat16"):
+        dataclasses.replace(TOY, dtype="float32").check()
+
+
+def test_the_training_text_keeps_blank_lines() -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from bench.corpus import Corpus
+    from bench.trained import tokenize
+
+    text = "def a():\n    return 1\n\n\nclass B:\n    pass\n" * 3
+    chars = sorted(set(text))
+    tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token=text[0]))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")  # one token per character
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
+    corpus = Corpus(root=Path("."), files=("x.py",), text=text, digest="")
+    assert "".join(chars[i] for i in tokenize(corpus, fast).tolist()) == text
+
+
 def test_the_draft_trains_on_the_states_sglang_captures() -> None:
     import torch
 
