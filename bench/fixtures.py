@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any, Union
 
 from bench.corpus import CorpusError
+from bench.kimi_fixture import KimiParams
+from bench.kimi_fixture import build as build_kimi
 from bench.trained import TrainedParams, TrainingError
 from bench.trained import build as build_trained
 
@@ -38,7 +40,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = PROJECT_ROOT / "build" / "fixtures"
 PAIRS = {"exact": ("target-exact", "draft-exact"), "random": ("target-random", "draft-random")}
 DONE = ".complete"
-AnyParams = Union["FixtureParams", TrainedParams]
+AnyParams = Union["FixtureParams", TrainedParams, KimiParams]
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,11 @@ PRESETS: dict[str, AnyParams] = {
     "gpu-bound-deep": dataclasses.replace(_GPU_BOUND, layers=64),
     "trained": _TRAINED,
     "trained-gpu-bound": _TRAINED,
+    # "kimi" (bench.kimi_fixture): the user's model family, KimiK25ForConditionalGeneration with MLA
+    # and MoE layers, tiny; exact and random pairs.
+    "kimi": KimiParams(),
 }
-_PRESET_PAIRS = {"trained": "trained", "trained-gpu-bound": "trained-gpu-bound"}
+_PRESET_PAIRS = {"trained": "trained", "trained-gpu-bound": "trained-gpu-bound", "kimi": "kimi-exact"}
 
 
 def default_pair(preset: str) -> str:
@@ -156,7 +161,10 @@ def _corpus(seed: int, n_lines: int = 6000) -> list[str]:
     return lines
 
 
-def build_tokenizer(out: Path, vocab: int, lines: list[str]) -> int:
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2; extra special tokens follow from 3
+
+
+def build_tokenizer(out: Path, vocab: int, lines: list[str], extra_special: list[str] | None = None) -> int:
     """Train a byte-level BPE tokenizer on lines, save it as a transformers fast tokenizer; return its size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -166,7 +174,7 @@ def build_tokenizer(out: Path, vocab: int, lines: list[str]) -> int:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab,
-        special_tokens=["<unk>", "<s>", "</s>"],
+        special_tokens=SPECIAL_TOKENS + list(extra_special or []),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -329,6 +337,8 @@ def generate(params: AnyParams | None = None, root: Path | None = None, *, quiet
         if isinstance(params, TrainedParams):
             _require_device(params.device)
             manifest = build_trained(tmp, params, quiet)
+        elif isinstance(params, KimiParams):
+            manifest = build_kimi(tmp, params, quiet)
         else:
             manifest = _build_synthetic(tmp, params, quiet)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
@@ -348,7 +358,7 @@ def generate(params: AnyParams | None = None, root: Path | None = None, *, quiet
 def _param_flags(ap: argparse.ArgumentParser) -> list[str]:
     """One option per parameter of either kind of set; returns the field names."""
     names: list[str] = []
-    for cls in (FixtureParams, TrainedParams):
+    for cls in (FixtureParams, TrainedParams, KimiParams):
         default = cls()
         for f in dataclasses.fields(cls):
             if f.name in names:

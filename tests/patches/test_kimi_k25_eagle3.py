@@ -9,6 +9,7 @@ do not use.
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -102,3 +103,69 @@ def test_clear_error_when_language_model_lacks_hook(name, args):
     assert "_TextModelWithoutHooks" in message
     assert "language model" in message
     assert "EAGLE-3" in message
+
+
+# The project's Kimi-K2.5-shaped fixture (bench/kimi_fixture.py) at a small width; MLA sizes are
+# DeepSeek-V3's, as on the GPU.
+def _small_kimi_params():
+    from bench.kimi_fixture import KimiParams
+
+    return KimiParams(hidden=256, heads=2, q_lora_rank=64, intermediate=512, moe_intermediate=64,
+                      draft_heads=2, draft_kv_heads=1, draft_intermediate=256)
+
+
+def _built_kimi(target, monkeypatch):
+    """The real wrapper built from the fixture's config, every parameter NaN until loaded."""
+    import sglang.srt.layers.rotary_embedding as rotary_embedding
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.layers.dp_attention import initialize_dp_attention
+    from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration
+
+    import sglang_cpu
+
+    args = sglang_cpu.make_server_args(target, attention_backend="triton", enable_dp_attention=False,
+                                       dp_size=1, attn_cp_size=1, moe_dense_tp_size=None)
+    sglang_cpu.init_single_rank_groups()
+    config = ModelConfig(str(target))
+    initialize_dp_attention(args, config)
+    # SGLang's own torch rope on CPU (the GPU path imports a CUDA kernel at construction).
+    monkeypatch.setattr(rotary_embedding, "_is_cpu", True)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        model = KimiK25ForConditionalGeneration(config.hf_config)
+    finally:
+        torch.set_default_dtype(default)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.fill_(float("nan"))
+    return model
+
+
+def test_fixture_checkpoint_loads_into_the_real_model_and_its_hooks(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from bench import fixtures
+
+    fx = fixtures.generate(_small_kimi_params(), tmp_path, quiet=True)
+    target, draft = fx.pair("kimi-exact")
+    model = _built_kimi(target, monkeypatch)
+    model.load_weights(list(load_file(str(target / "model.safetensors")).items()))
+    unloaded = [n for n, p in model.named_parameters() if torch.isnan(p).any()]
+    assert not unloaded, f"the checkpoint leaves {len(unloaded)} parameters unloaded: {unloaded[:5]}"
+
+    lm = model.language_model
+    layers = lm.model.layers
+    assert not any(layer.self_attn.o_proj.weight.any() for layer in layers), "exact: o_proj must be zero"
+    assert not layers[0].mlp.down_proj.weight.any()
+    assert not any(layer.mlp.experts.w2_weight.any() or layer.mlp.shared_experts.down_proj.weight.any()
+                   for layer in layers[1:]), "exact: every expert's down_proj must be zero"
+
+    # 0002's hooks on the fully built model: the layers the draft's fc takes, and its embedding/head.
+    model.set_eagle3_layers_to_capture()
+    assert lm.capture_aux_hidden_states and lm.model.layers_to_capture == [2, 4, 5]
+    embed, head = model.get_embed_and_head()
+    assert torch.equal(embed, head), "exact: lm_head = embed_tokens"
+    vocab = json.loads((draft / "config.json").read_text())["vocab_size"]
+    assert embed.shape[1] == json.loads((draft / "config.json").read_text())["hidden_size"]
+    assert embed.shape[0] >= vocab
