@@ -70,7 +70,8 @@ class FixtureSets:
         return self._sets[preset]
 
     def pair(self, kind: str) -> tuple[Path, Path]:
-        return self.get("trained" if kind.startswith("trained") else "tiny").pair(kind)
+        preset = next((p for p in ("trained", "kimi") if kind.startswith(p)), "tiny")
+        return self.get(preset).pair(kind)
 
 
 def trained_summary(root: Path) -> str:
@@ -129,8 +130,8 @@ def always_spec(models: Models, worker: str, tp: int) -> ServerSpec:
     return ServerSpec(models.target, models.draft, tp, common_flags() + flags, dict(env))
 
 
-def nospec_spec(models: Models, tp: int) -> ServerSpec:
-    return ServerSpec(models.target, None, tp, common_flags())
+def nospec_spec(models: Models, tp: int, extra: list[str] | None = None) -> ServerSpec:
+    return ServerSpec(models.target, None, tp, common_flags() + (extra or []))
 
 
 def ramp_prompts(levels: list[int] = RAMP) -> list[list[str]]:
@@ -192,10 +193,12 @@ def run_server(name: str, spec: ServerSpec, tree: Path, log_dir: Path, groups: l
     return Run(name, results, log.read_text(encoding="utf-8", errors="replace"), log, metrics, walls, healthy)
 
 
-def reference(name: str, models: Models, tree: Path, log_dir: Path, prompts: list[str], tp: int = 1) -> Run:
+def reference(name: str, models: Models, tree: Path, log_dir: Path, prompts: list[str], tp: int = 1,
+              flags: list[str] | None = None) -> Run:
     """No-speculation greedy outputs with the top-5 logprobs at every output position."""
     extra = {"return_logprob": True, "top_logprobs_num": 5}
-    return run_server(name, nospec_spec(models, tp), tree, log_dir, [prompts], GREEDY, extra, fixed_concurrency=64)
+    return run_server(name, nospec_spec(models, tp, flags), tree, log_dir, [prompts], GREEDY, extra,
+                      fixed_concurrency=64)
 
 
 def ramp_context(tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:

@@ -1,0 +1,92 @@
+"""The user's model family on a GPU: the Kimi-K2.5-shaped fixture (KimiK25ForConditionalGeneration,
+MLA attention, MoE layers; bench/kimi_fixture.py) with EAGLE-3, on the MLA paths of the triton and
+flashinfer attention backends. A switching server of each worker serves the ramp, runs both kinds of
+step, replays DECODE graphs in fallback and gives the greedy outputs of a no-speculation server on
+the same backend. That such a server starts at all is 0002's hooks at work: without them the
+EAGLE-3 worker's first call on the wrapper raises AttributeError.
+
+One backend per call fits the device's 10 minutes: `-k "kimi and triton"`, `-k "kimi and flashinfer"`.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gpu_harness as H
+from gpu_harness import SUMMARY
+
+pytestmark = [pytest.mark.gpu, pytest.mark.switch]
+
+BACKENDS = ["triton", "flashinfer"]
+CASES = [pytest.param(b, w, id=f"{b}-{w}") for b in BACKENDS for w in ("v1", "v2")]
+
+
+@pytest.fixture(scope="module")
+def ctx(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
+    if H.tp_size() != 1:
+        pytest.skip("the Kimi fixture tests run at TP 1")
+    return H.ramp_context(sgl_tree, log_dir, fixture_models)
+
+
+def _backend(backend: str) -> list[str]:
+    return ["--attention-backend", backend]  # the last one on the command line wins over the base flags'
+
+
+def ref_run(ctx: dict[str, Any], backend: str, pair: str) -> H.Run:
+    models = H.models_for(pair, ctx["fx"])
+    flat = [p for g in ctx["groups"] for p in g]
+    return H.once(f"kimi-ref-{backend}-{pair}", lambda: H.reference(
+        f"nospec-{pair}-{backend}", models, ctx["tree"], ctx["logs"], flat, 1, _backend(backend)))
+
+
+def switch_run(ctx: dict[str, Any], backend: str, worker: str, pair: str = "kimi-exact") -> H.Run:
+    models = H.models_for(pair, ctx["fx"])
+    spec = H.switch_spec(models, worker, 1, extra=_backend(backend))
+    return H.once(f"kimi-{backend}-{worker}-{pair}", lambda: H.run_server(
+        f"switch-{worker}-{pair}-{backend}", spec, ctx["tree"], ctx["logs"], ctx["groups"], H.GREEDY))
+
+
+def _server_arg(log_text: str, name: str) -> str:
+    m = re.search(rf"\b{name}=([^,)\s]+)", log_text)
+    return m.group(1) if m else "?"
+
+
+@pytest.mark.parametrize("backend,worker", CASES)
+def test_ramp_both_kinds_and_graphs(ctx: dict[str, Any], backend: str, worker: str) -> None:
+    run = switch_run(ctx, backend, worker)
+    c = run.counters()
+    lines = H.fallback_decode_lines(run, H.DISABLE)
+    in_range = [d for d in lines if d.batch_size <= H.CUDA_GRAPH_MAX_BS and d.cuda_graph is not None]
+    eager = [d for d in in_range if not d.cuda_graph]
+    SUMMARY.append(
+        f"[kimi {backend} {worker}] ramp: {len(run.results)} requests, {len(run.errors)} errors; counters "
+        f"{c.as_dict() if c else None}; fallback decode lines with bs <= {H.CUDA_GRAPH_MAX_BS}: {len(in_range)}, "
+        f"cuda graph True: {len(in_range) - len(eager)}; attention_backend={_server_arg(run.log_text, 'attention_backend')} "
+        f"decode={_server_arg(run.log_text, 'decode_attention_backend')} "
+        f"allreduce fusion={_server_arg(run.log_text, 'enable_flashinfer_allreduce_fusion')}")
+    assert not run.errors, f"{len(run.errors)} request(s) failed, first: {run.errors[0]}\nlog: {run.log_path}"
+    assert c is not None and c.spec_steps > 0 and c.fallback_steps > 0, f"counters {c} ({run.log_path})"
+    assert in_range and not eager, f"fallback decode batches without a CUDA graph: {eager[:1]} ({run.log_path})"
+    assert _server_arg(run.log_text, "enable_flashinfer_allreduce_fusion") != "True", "fusion on at TP 1"
+
+
+@pytest.mark.parametrize("backend,worker", CASES)
+def test_greedy_matches_nospec(ctx: dict[str, Any], backend: str, worker: str) -> None:
+    ref = ref_run(ctx, backend, "kimi-exact")
+    assert not ref.errors, f"reference server failed: {ref.errors[0]}"
+    cmp = H.compare(switch_run(ctx, backend, worker), ref)
+    SUMMARY.append(f"[kimi {backend} {worker} exact] {cmp.line()}")
+    assert not cmp.not_near_tie, f"divergences where the target is not near a tie: {cmp.not_near_tie[:3]}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_random_pair_diverges_only_at_near_ties(ctx: dict[str, Any], backend: str) -> None:
+    ref = ref_run(ctx, backend, "kimi-random")
+    run = switch_run(ctx, backend, "v2", "kimi-random")
+    assert not run.errors and not ref.errors, (run.errors or ref.errors)[0]
+    cmp = H.compare(run, ref)
+    SUMMARY.append(f"[kimi {backend} v2 random] {cmp.line()}")
+    assert not cmp.not_near_tie, f"divergences where the target is not near a tie: {cmp.not_near_tie[:3]}"
