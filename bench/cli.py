@@ -89,7 +89,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--chat-template", action="store_true", help="wrap prompts with the model's chat template")
     ap.add_argument("--model", default=None, help="target model path (default: the generated fixture target)")
     ap.add_argument("--draft-model", default=None, help="EAGLE-3 draft path (default: the fixture draft)")
-    ap.add_argument("--fixture-pair", choices=["exact", "random", "trained", "trained-gpu-bound"], default=None,
+    ap.add_argument("--fixture-pair", choices=["exact", "random", "trained", "trained-gpu-bound", "kimi-exact",
+                                               "kimi-random"], default=None,
                     help="fixture models when --model is not given (default: the preset's own; exact: near-100%% "
                          "acceptance, random: near 0, trained: a trained target and draft)")
     ap.add_argument("--fixture-preset", choices=sorted(fixtures.PRESETS), default="tiny",
@@ -97,8 +98,9 @@ def parser() -> argparse.ArgumentParser:
                          "dominates a step), gpu-bound (Llama-3-8B shape, drawn on the GPU, exact pair only), "
                          "gpu-bound-deep (the same with 64 layers: the draft half as large next to it), trained "
                          "(a target trained on a code corpus with a trained EAGLE-3 draft; made on the GPU in a few "
-                         "minutes) or trained-gpu-bound (its trained layers followed by pass-through layers: an 8B "
-                         "model's step cost, the same outputs)")
+                         "minutes), trained-gpu-bound (its trained layers followed by pass-through layers: an 8B "
+                         "model's step cost, the same outputs) or kimi (Kimi-K2.5's architecture, tiny: MLA and MoE "
+                         "under the KimiK25 wrapper; pick the MLA backend with --extra-flags)")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--extra-flags", default="", help="extra server flags for every config (one string)")
     ap.add_argument("--max-running-requests", type=int, default=256,
