@@ -22,10 +22,26 @@ class Config:
     compare_to: tuple[str, ...] = ()  # ratio: this / max(these) per level
     baseline: str = "spec"  # switch configs: thresholds from the crossover of nospec and this config
     help: str = ""
+    # upstream's --speculative-adaptive (0.5.11+) with a tier file that speculates up to N and
+    # runs 0 steps above (bench.cli writes it from the thresholds)
+    adaptive_tiers: bool = False
 
     @property
     def speculative(self) -> bool:
         return "--speculative-algorithm" in self.flags
+
+    @property
+    def needs_thresholds(self) -> bool:
+        return self.switch or self.adaptive_tiers
+
+    def server_args_needed(self) -> list[str]:
+        """The ServerArgs fields behind this config's flags (the tree's SGLang must have them)."""
+        names = [f[2:].replace("-", "_") for f in self.flags if f.startswith("--speculative-")]
+        if self.switch:
+            names += ["speculative_disable_batch_size", "speculative_enable_batch_size"]
+        if self.adaptive_tiers:
+            names.append("speculative_adaptive_config")
+        return list(dict.fromkeys(names))
 
 
 CONFIGS: dict[str, Config] = {c.name: c for c in [
@@ -49,6 +65,12 @@ CONFIGS: dict[str, Config] = {c.name: c for c in [
     Config("switch-v2-batched", EAGLE_V2 + ["--speculative-fallback-batched-draft-sync"], V2_ENV, switch=True,
            compare_to=("nospec", "spec-v2"), baseline="spec-v2",
            help="switch-v2 syncing the draft once per 4 fallback steps instead of every step"),
+    # Upstream's load-based speculation (SGLang 0.5.11+; v2 worker, topk 1), to compare with ours.
+    Config("adaptive-v2", EAGLE_V2 + ["--speculative-adaptive"], compare_to=("nospec", "spec-v2"),
+           help="upstream --speculative-adaptive, its default tiers (SGLang 0.5.11+)"),
+    Config("adaptive-v2-off", EAGLE_V2 + ["--speculative-adaptive"], adaptive_tiers=True,
+           compare_to=("nospec", "spec-v2"), baseline="spec-v2",
+           help="upstream --speculative-adaptive with a tier file: 3 steps up to N, 0 above (SGLang 0.5.11+)"),
     Config("spec-s2", EAGLE_V1_S2, help="reduced: v1, topk 1, 2 steps, 3 draft tokens"),
     Config("switch-s2", EAGLE_V1_S2, switch=True, compare_to=("nospec", "spec-s2"), baseline="spec-s2",
            help="reduced v1 speculation with the switch"),
@@ -64,4 +86,10 @@ def parse_configs(text: str) -> list[Config]:
     if bad:
         raise ValueError(f"unknown config(s) {', '.join(bad)}; known: {', '.join(CONFIGS)}")
     # baselines first, so the switch configs can use the recommendation from this run
-    return sorted((CONFIGS[n] for n in dict.fromkeys(names)), key=lambda c: c.switch)
+    return sorted((CONFIGS[n] for n in dict.fromkeys(names)), key=lambda c: c.needs_thresholds)
+
+
+def off_above_tiers(n: int, steps: int) -> dict[str, dict[str, list[int]]]:
+    """Upstream's adaptive tier file that speculates `steps` steps up to a batch of n and none above.
+    Upstream pads the batch size up to a captured graph size before it picks the tier."""
+    return {"1": {"candidate_steps": [steps]}, str(n + 1): {"candidate_steps": [0]}}

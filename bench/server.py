@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shlex
 import signal
 import socket
@@ -67,6 +68,13 @@ def _has(path: Path, marker: str) -> bool:
 def tree_has_switch(tree: Path) -> bool:
     """Whether the tree carries the speculation switch (a line may drop it: lines/<ref>/NOTES.md)."""
     return _has(tree / "python" / "sglang" / "srt" / "server_args.py", PATCH_MARKER)
+
+
+def missing_server_args(tree: Path, names: list[str]) -> list[str]:
+    """Those of the ServerArgs fields that the tree's SGLang does not declare."""
+    sa = tree / "python" / "sglang" / "srt" / "server_args.py"
+    text = sa.read_text(encoding="utf-8") if sa.is_file() else ""
+    return [n for n in names if not re.search(rf"\b{re.escape(n)}\b", text)]
 
 
 def check_tree(tree: Path, python: str = sys.executable, *, require_switch: bool = True) -> str:
