@@ -25,6 +25,7 @@ class Config:
     # upstream's --speculative-adaptive (0.5.11+) with a tier file that speculates up to N and
     # runs 0 steps above (bench.cli writes it from the thresholds)
     adaptive_tiers: bool = False
+    since: str = ""  # the SGLang release whose flags the config needs ("": this series' v0.5.9 line)
 
     @property
     def speculative(self) -> bool:
@@ -66,10 +67,10 @@ CONFIGS: dict[str, Config] = {c.name: c for c in [
            compare_to=("nospec", "spec-v2"), baseline="spec-v2",
            help="switch-v2 syncing the draft once per 4 fallback steps instead of every step"),
     # Upstream's load-based speculation (SGLang 0.5.11+; v2 worker, topk 1), to compare with ours.
-    Config("adaptive-v2", EAGLE_V2 + ["--speculative-adaptive"], compare_to=("nospec", "spec-v2"),
+    Config("adaptive-v2", EAGLE_V2 + ["--speculative-adaptive"], compare_to=("nospec", "spec-v2"), since="v0.5.11",
            help="upstream --speculative-adaptive, its default tiers (SGLang 0.5.11+)"),
     Config("adaptive-v2-off", EAGLE_V2 + ["--speculative-adaptive"], adaptive_tiers=True,
-           compare_to=("nospec", "spec-v2"), baseline="spec-v2",
+           compare_to=("nospec", "spec-v2"), baseline="spec-v2", since="v0.5.11",
            help="upstream --speculative-adaptive with a tier file: 3 steps up to N, 0 above (SGLang 0.5.11+)"),
     Config("spec-s2", EAGLE_V1_S2, help="reduced: v1, topk 1, 2 steps, 3 draft tokens"),
     Config("switch-s2", EAGLE_V1_S2, switch=True, compare_to=("nospec", "spec-s2"), baseline="spec-s2",

@@ -61,6 +61,7 @@ def test_adaptive_configs_are_v2_with_thresholds_after_the_baselines() -> None:
     off = CONFIGS["adaptive-v2-off"]
     assert off.needs_thresholds and not off.switch and "--speculative-adaptive" in off.flags
     assert "speculative_adaptive_config" in off.server_args_needed()
+    assert {c.name for c in CONFIGS.values() if c.since} == {"adaptive-v2", "adaptive-v2-off"}
 
 
 def test_configs_the_tree_cannot_run_are_refused_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,6 +10,7 @@ do not use.
 from __future__ import annotations
 
 import json
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -128,8 +129,11 @@ def _built_kimi(target, monkeypatch):
     sglang_cpu.init_single_rank_groups()
     config = ModelConfig(str(target))
     initialize_dp_attention(args, config)
-    # SGLang's own torch rope on CPU (the GPU path imports a CUDA kernel at construction).
-    monkeypatch.setattr(rotary_embedding, "_is_cpu", True)
+    # SGLang's own torch rope on CPU (the GPU path imports a CUDA kernel at construction). The
+    # flag lives in the module (0.5.9) or in each module of the package it became (0.5.10).
+    for name, module in list(sys.modules.items()):
+        if name.startswith(rotary_embedding.__name__) and hasattr(module, "_is_cpu"):
+            monkeypatch.setattr(module, "_is_cpu", True)
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
