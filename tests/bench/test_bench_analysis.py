@@ -13,15 +13,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench_helpers import LEVELS, USER_NOSPEC, USER_SPEC, levels, user_results  # noqa: E402
+
 from bench import report  # noqa: E402
 from bench.analysis import _crossing, best_of_ratios, hysteresis, recommend  # noqa: E402
-from bench.results import Analysis, ConfigRecord, LevelRecord, RunResults, SwitchCounters  # noqa: E402
+from bench.results import Analysis, ConfigRecord, RunResults  # noqa: E402
 
-LEVELS = [1, 2, 5, 10, 30, 70, 100, 250]
-# anchors.md section 1: the user's 8x RTX PRO 6000 box, Kimi-K2.5, SGLang 0.5.9 (tok/s)
-USER_SPEC = dict(zip(LEVELS, [77.5, 125.1, 183.2, 239.6, 299.5, 337.7, 338.8, 340.9], strict=False))
-USER_NOSPEC = dict(zip(LEVELS, [92.6, 159.7, 292.5, 457.2, 711.0, 784.2, 761.6, 772.1], strict=False))
-# shared/gpu/README.md: H200, fixture models, exact pair (speculation wins at 1 and 16, loses at 64)
+# the H200 test machine, fixture models, exact pair (speculation wins at 1 and 16, loses at 64)
 H200_NOSPEC = {1: 535.0, 16: 2090.0, 64: 19998.0}
 H200_SPEC = {1: 745.0, 16: 2521.0, 64: 10361.0}
 
@@ -107,22 +105,6 @@ def test_best_of_ratios() -> None:
     assert r == {1: pytest.approx(0.9), 10: pytest.approx(500 / 600)}  # 30: no reference
 
 
-def _levels(series: dict[int, float], counters: bool = False) -> tuple[LevelRecord, ...]:
-    return tuple(LevelRecord(concurrency=c, requests=max(30, c), output_tokens=int(v * 10), wall_s=10.0, tok_per_s=v,
-                             counters=SwitchCounters(5, 7, 2) if counters else None)
-                 for c, v in series.items())
-
-
-def user_results() -> RunResults:
-    switch = {c: max(USER_NOSPEC[c], USER_SPEC[c]) * (0.97 if c != 10 else 0.9) for c in LEVELS}
-    return RunResults(meta={"model": "kimi", "tp": 8}, configs={
-        "nospec": ConfigRecord(flags=(), levels=_levels(USER_NOSPEC)),
-        "spec": ConfigRecord(flags=("--speculative-algorithm", "EAGLE3"), levels=_levels(USER_SPEC)),
-        "switch-v1": ConfigRecord(flags=("--speculative-algorithm", "EAGLE3", "--speculative-disable-batch-size", "0"),
-                                  compare_to=("nospec", "spec"), levels=_levels(switch, counters=True)),
-    })
-
-
 def _with_level(c: ConfigRecord, i: int, **changes: Any) -> ConfigRecord:
     levels = list(c.levels)
     levels[i] = dataclasses.replace(levels[i], **changes)
@@ -195,7 +177,7 @@ def test_merge_recomputes(tmp_path: Path) -> None:
 def test_per_baseline_recommendations() -> None:
     res = user_results()
     res.configs["spec-v2"] = ConfigRecord(flags=("--speculative-algorithm", "EAGLE3"),
-                                          levels=_levels({c: USER_NOSPEC[c] * (1.3 if c <= 5 else 0.5) for c in LEVELS}))
+                                          levels=levels({c: USER_NOSPEC[c] * (1.3 if c <= 5 else 0.5) for c in LEVELS}))
     before = res.to_json()
     analysis = report.analyse(res)
     assert res.to_json() == before  # the analysis is returned, not written into the run

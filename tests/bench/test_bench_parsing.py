@@ -119,7 +119,7 @@ def test_free_ports_leave_room_for_the_grpc_port() -> None:
 
 
 def test_cli_report_merges(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from test_bench_analysis import user_results
+    from bench_helpers import user_results
 
     from bench.results import RunResults
 
@@ -189,7 +189,7 @@ def test_steady_decode_rates_leave_out_prefill_and_size_changes() -> None:
 
 
 def test_report_takes_decode_rates_from_server_logs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from test_bench_analysis import _levels
+    from bench_helpers import levels as _levels
 
     from bench.results import ConfigRecord, RunResults
 

@@ -1,0 +1,30 @@
+"""Synthetic benchmark results the bench tests share (not a test module)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.results import ConfigRecord, LevelRecord, RunResults, SwitchCounters  # noqa: E402
+
+LEVELS = [1, 2, 5, 10, 30, 70, 100, 250]
+# anchors.md section 1: the user's 8x RTX PRO 6000 box, Kimi-K2.5, SGLang 0.5.9 (tok/s)
+USER_SPEC = dict(zip(LEVELS, [77.5, 125.1, 183.2, 239.6, 299.5, 337.7, 338.8, 340.9], strict=False))
+USER_NOSPEC = dict(zip(LEVELS, [92.6, 159.7, 292.5, 457.2, 711.0, 784.2, 761.6, 772.1], strict=False))
+
+
+def levels(series: dict[int, float], counters: bool = False) -> tuple[LevelRecord, ...]:
+    return tuple(LevelRecord(concurrency=c, requests=max(30, c), output_tokens=int(v * 10), wall_s=10.0, tok_per_s=v,
+                             counters=SwitchCounters(5, 7, 2) if counters else None)
+                 for c, v in series.items())
+
+
+def user_results() -> RunResults:
+    switch = {c: max(USER_NOSPEC[c], USER_SPEC[c]) * (0.97 if c != 10 else 0.9) for c in LEVELS}
+    return RunResults(meta={"model": "kimi", "tp": 8}, configs={
+        "nospec": ConfigRecord(flags=(), levels=levels(USER_NOSPEC)),
+        "spec": ConfigRecord(flags=("--speculative-algorithm", "EAGLE3"), levels=levels(USER_SPEC)),
+        "switch-v1": ConfigRecord(flags=("--speculative-algorithm", "EAGLE3", "--speculative-disable-batch-size", "0"),
+                                  compare_to=("nospec", "spec"), levels=levels(switch, counters=True)),
+    })
