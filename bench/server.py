@@ -61,30 +61,30 @@ def server_env(tree: Path, extra: dict[str, str] | None = None) -> dict[str, str
     return env
 
 
-def _has(path: Path, marker: str) -> bool:
-    return path.is_file() and marker in path.read_text(encoding="utf-8")
+def _srt_text(tree: Path, relative: str) -> str:
+    path = tree / "python" / "sglang" / "srt" / relative
+    return path.read_text(encoding="utf-8") if path.is_file() else ""
 
 
 def tree_has_switch(tree: Path) -> bool:
     """Whether the tree carries the speculation switch (a line may drop it: lines/<ref>/NOTES.md)."""
-    return _has(tree / "python" / "sglang" / "srt" / "server_args.py", PATCH_MARKER)
+    return PATCH_MARKER in _srt_text(tree, "server_args.py")
 
 
 def missing_server_args(tree: Path, names: list[str]) -> list[str]:
     """Those of the ServerArgs fields that the tree's SGLang does not declare."""
-    sa = tree / "python" / "sglang" / "srt" / "server_args.py"
-    text = sa.read_text(encoding="utf-8") if sa.is_file() else ""
+    text = _srt_text(tree, "server_args.py")
     return [n for n in names if not re.search(rf"\b{re.escape(n)}\b", text)]
 
 
 def check_tree(tree: Path, python: str = sys.executable, *, require_switch: bool = True) -> str:
     """Refuse an unpatched tree or a foreign `sglang`; return the imported sglang's path.
     require_switch False: a line's tree without the switch passes if it carries the SM120 patch."""
-    if require_switch and not tree_has_switch(tree):
+    has_switch = tree_has_switch(tree)
+    if require_switch and not has_switch:
         sa = tree / "python" / "sglang" / "srt" / "server_args.py"
         raise TreeError(f"{tree} lacks the patch ({PATCH_MARKER} not in {sa}): run `make apply`")
-    if not tree_has_switch(tree) and not _has(tree / "python" / "sglang" / "srt" / "layers" / "communicator.py",
-                                               SM120_MARKER):
+    if not has_switch and SM120_MARKER not in _srt_text(tree, "layers/communicator.py"):
         raise TreeError(f"{tree} carries neither the switch nor the SM120 patch: run `make apply SGLANG_REF=<line>`")
     proc = subprocess.run(
         [python, "-c", "import sglang, sys; sys.stdout.write(sglang.__file__)"],

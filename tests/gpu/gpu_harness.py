@@ -34,6 +34,8 @@ WORKERS: dict[str, tuple[list[str], dict[str, str]]] = {
     "v2b": (EAGLE_V2 + ["--speculative-fallback-batched-draft-sync"], dict(V2_ENV)),
 }
 GREEDY = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
+# What a reference run asks for, so a divergence's gap can be read off the no-speculation server.
+REFERENCE_LOGPROBS = {"return_logprob": True, "top_logprobs_num": 5}
 LOGS_SEEN: list[Path] = []
 _RUNS: dict[str, Any] = {}
 
@@ -196,8 +198,7 @@ def run_server(name: str, spec: ServerSpec, tree: Path, log_dir: Path, groups: l
 def reference(name: str, models: Models, tree: Path, log_dir: Path, prompts: list[str], tp: int = 1,
               flags: list[str] | None = None) -> Run:
     """No-speculation greedy outputs with the top-5 logprobs at every output position."""
-    extra = {"return_logprob": True, "top_logprobs_num": 5}
-    return run_server(name, nospec_spec(models, tp, flags), tree, log_dir, [prompts], GREEDY, extra,
+    return run_server(name, nospec_spec(models, tp, flags), tree, log_dir, [prompts], GREEDY, REFERENCE_LOGPROBS,
                       fixed_concurrency=64)
 
 
@@ -206,19 +207,28 @@ def ramp_context(tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, An
     return {"tree": tree, "logs": log_dir, "fx": fixture_models, "groups": ramp_prompts()}
 
 
-def ref_run(ctx: dict[str, Any], pair: str) -> Run:
-    """The no-speculation server on the whole ramp (once per session and pair)."""
+def _backend(backend: str | None) -> tuple[list[str], str]:
+    """Flags and a name suffix for an attention backend other than the base flags' own (the last
+    --attention-backend on the command line wins)."""
+    return (["--attention-backend", backend], f"-{backend}") if backend else ([], "")
+
+
+def ref_run(ctx: dict[str, Any], pair: str, backend: str | None = None) -> Run:
+    """The no-speculation server on the whole ramp (once per session, pair and backend)."""
     models = models_for(pair, ctx["fx"])
     flat = [p for g in ctx["groups"] for p in g]
-    return once(f"ref-{pair}", lambda: reference(f"nospec-{pair}", models, ctx["tree"], ctx["logs"], flat, tp_size()))
+    flags, suffix = _backend(backend)
+    return once(f"ref-{pair}{suffix}", lambda: reference(f"nospec-{pair}{suffix}", models, ctx["tree"], ctx["logs"],
+                                                         flat, tp_size(), flags))
 
 
-def switch_run(ctx: dict[str, Any], worker: str, pair: str) -> Run:
-    """A switching server of this worker serving the ramp (once per session, worker and pair)."""
+def switch_run(ctx: dict[str, Any], worker: str, pair: str, backend: str | None = None) -> Run:
+    """A switching server of this worker serving the ramp (once per session, worker, pair and backend)."""
     models = models_for(pair, ctx["fx"])
-    spec = switch_spec(models, worker, tp_size())
-    return once(f"{worker}-{pair}", lambda: run_server(f"switch-{worker}-{pair}", spec, ctx["tree"], ctx["logs"],
-                                                       ctx["groups"], GREEDY))
+    flags, suffix = _backend(backend)
+    spec = switch_spec(models, worker, tp_size(), extra=flags)
+    return once(f"{worker}-{pair}{suffix}", lambda: run_server(f"switch-{worker}-{pair}{suffix}", spec, ctx["tree"],
+                                                               ctx["logs"], ctx["groups"], GREEDY))
 
 
 def _ids(r: client.Result) -> list[Any]:
@@ -290,6 +300,14 @@ def fallback_decode_lines(run: Run, disable: int, rank: int = 0) -> list[Any]:
         if off:
             out.append(d)
     return out
+
+
+def fallback_graph_replays(run: Run) -> tuple[list[Any], list[Any]]:
+    """The fallback decode log lines at batch sizes with a captured graph, and those of them that ran
+    eagerly (what the graph tests require to be none)."""
+    lines = fallback_decode_lines(run, DISABLE)
+    in_range = [d for d in lines if d.batch_size <= CUDA_GRAPH_MAX_BS and d.cuda_graph is not None]
+    return in_range, [d for d in in_range if not d.cuda_graph]
 
 
 def parallel(fn: Any, items: list[Any], n: int = 8) -> list[Any]:

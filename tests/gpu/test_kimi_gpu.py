@@ -31,24 +31,6 @@ def ctx(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
     return H.ramp_context(sgl_tree, log_dir, fixture_models)
 
 
-def _backend(backend: str) -> list[str]:
-    return ["--attention-backend", backend]  # the last one on the command line wins over the base flags'
-
-
-def ref_run(ctx: dict[str, Any], backend: str, pair: str) -> H.Run:
-    models = H.models_for(pair, ctx["fx"])
-    flat = [p for g in ctx["groups"] for p in g]
-    return H.once(f"kimi-ref-{backend}-{pair}", lambda: H.reference(
-        f"nospec-{pair}-{backend}", models, ctx["tree"], ctx["logs"], flat, 1, _backend(backend)))
-
-
-def switch_run(ctx: dict[str, Any], backend: str, worker: str, pair: str = "kimi-exact") -> H.Run:
-    models = H.models_for(pair, ctx["fx"])
-    spec = H.switch_spec(models, worker, 1, extra=_backend(backend))
-    return H.once(f"kimi-{backend}-{worker}-{pair}", lambda: H.run_server(
-        f"switch-{worker}-{pair}-{backend}", spec, ctx["tree"], ctx["logs"], ctx["groups"], H.GREEDY))
-
-
 def _server_arg(log_text: str, name: str) -> str:
     m = re.search(rf"\b{name}=([^,)\s]+)", log_text)
     return m.group(1) if m else "?"
@@ -56,11 +38,9 @@ def _server_arg(log_text: str, name: str) -> str:
 
 @pytest.mark.parametrize("backend,worker", CASES)
 def test_ramp_both_kinds_and_graphs(ctx: dict[str, Any], backend: str, worker: str) -> None:
-    run = switch_run(ctx, backend, worker)
+    run = H.switch_run(ctx, worker, "kimi-exact", backend)
     c = run.counters()
-    lines = H.fallback_decode_lines(run, H.DISABLE)
-    in_range = [d for d in lines if d.batch_size <= H.CUDA_GRAPH_MAX_BS and d.cuda_graph is not None]
-    eager = [d for d in in_range if not d.cuda_graph]
+    in_range, eager = H.fallback_graph_replays(run)
     SUMMARY.append(
         f"[kimi {backend} {worker}] ramp: {len(run.results)} requests, {len(run.errors)} errors; counters "
         f"{c.as_dict() if c else None}; fallback decode lines with bs <= {H.CUDA_GRAPH_MAX_BS}: {len(in_range)}, "
@@ -75,17 +55,17 @@ def test_ramp_both_kinds_and_graphs(ctx: dict[str, Any], backend: str, worker: s
 
 @pytest.mark.parametrize("backend,worker", CASES)
 def test_greedy_matches_nospec(ctx: dict[str, Any], backend: str, worker: str) -> None:
-    ref = ref_run(ctx, backend, "kimi-exact")
+    ref = H.ref_run(ctx, "kimi-exact", backend)
     assert not ref.errors, f"reference server failed: {ref.errors[0]}"
-    cmp = H.compare(switch_run(ctx, backend, worker), ref)
+    cmp = H.compare(H.switch_run(ctx, worker, "kimi-exact", backend), ref)
     SUMMARY.append(f"[kimi {backend} {worker} exact] {cmp.line()}")
     assert not cmp.not_near_tie, f"divergences where the target is not near a tie: {cmp.not_near_tie[:3]}"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_random_pair_diverges_only_at_near_ties(ctx: dict[str, Any], backend: str) -> None:
-    ref = ref_run(ctx, backend, "kimi-random")
-    run = switch_run(ctx, backend, "v2", "kimi-random")
+    ref = H.ref_run(ctx, "kimi-random", backend)
+    run = H.switch_run(ctx, "v2", "kimi-random", backend)
     assert not run.errors and not ref.errors, (run.errors or ref.errors)[0]
     cmp = H.compare(run, ref)
     SUMMARY.append(f"[kimi {backend} v2 random] {cmp.line()}")

@@ -19,9 +19,6 @@ from gpu_harness import SUMMARY
 
 pytestmark = pytest.mark.gpu
 
-REFERENCE_EXTRA = {"return_logprob": True, "top_logprobs_num": 5}
-
-
 @pytest.fixture(scope="module")
 def ctx(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
     return H.ramp_context(sgl_tree, log_dir, fixture_models)
@@ -31,7 +28,7 @@ def plain_run(ctx: dict[str, Any]) -> H.Run:
     models = H.models_for("exact", ctx["fx"])
     spec = H.nospec_spec(models, H.tp_size())
     return H.once("smoke-plain", lambda: H.run_server("smoke-plain-exact", spec, ctx["tree"], ctx["logs"],
-                                                      ctx["groups"], H.GREEDY, REFERENCE_EXTRA))
+                                                      ctx["groups"], H.GREEDY, H.REFERENCE_LOGPROBS))
 
 
 def spec_v2_run(ctx: dict[str, Any]) -> H.Run:

@@ -76,8 +76,7 @@ def test_greedy_matches_nospec(ctx: dict[str, Any], worker: str, pair: str) -> N
 def test_fallback_replays_cuda_graphs(ctx: dict[str, Any], worker: str) -> None:
     run = switch_run(ctx, worker, "exact")
     lines = H.fallback_decode_lines(run, H.DISABLE)
-    in_range = [d for d in lines if d.batch_size <= H.CUDA_GRAPH_MAX_BS and d.cuda_graph is not None]
-    eager = [d for d in in_range if not d.cuda_graph]
+    in_range, eager = H.fallback_graph_replays(run)
     SUMMARY.append(f"[{worker} exact] fallback decode log lines: {len(lines)}, of them with bs <= {H.CUDA_GRAPH_MAX_BS}: "
                    f"{len(in_range)}, cuda graph True: {len(in_range) - len(eager)}")
     assert in_range, f"no decode log line written in fallback with bs <= {H.CUDA_GRAPH_MAX_BS} ({run.log_path})"
