@@ -188,6 +188,13 @@ def build_tokenizer(out: Path, vocab: int, lines: list[str], extra_special: list
     return len(fast)
 
 
+def copy_tokenizer(tokdir: Path, root: Path, pairs: dict[str, tuple[str, str]]) -> None:
+    """Put the tokenizer beside every model of the pairs (SGLang loads it from the model's folder)."""
+    for name in {n for pair in pairs.values() for n in pair}:
+        for f in tokdir.iterdir():
+            shutil.copy2(f, root / name / f.name)
+
+
 # ---------------------------------------------------------------------------------------- models
 
 
@@ -318,9 +325,7 @@ def _build_synthetic(tmp: Path, params: FixtureParams, quiet: bool) -> dict[str,
     build_draft(tmp / "draft-exact", params, vocab, embed, True, params.seed + 2)
     if params.random_pair:
         build_draft(tmp / "draft-random", params, vocab, embed, False, params.seed + 3)
-    for name in (n for pair in pairs.values() for n in pair):
-        for f in tokdir.iterdir():
-            shutil.copy2(f, tmp / name / f.name)
+    copy_tokenizer(tokdir, tmp, pairs)
     return {"params": dataclasses.asdict(params), "key": params.key(), "vocab": vocab, "pairs": pairs}
 
 

@@ -188,8 +188,6 @@ def _write_target(out: Path, p: KimiParams, vocab: int, media_pad_id: int, exact
 
 def build(tmp: Path, p: KimiParams, quiet: bool) -> dict[str, Any]:
     """The Kimi-shaped set into tmp; returns the manifest."""
-    import shutil
-
     from bench import fixtures
 
     tokdir = tmp / "tokenizer"
@@ -206,7 +204,5 @@ def build(tmp: Path, p: KimiParams, quiet: bool) -> dict[str, Any]:
         target_embed = _write_target(tmp / f"target-kimi-{kind}", p, vocab, media_pad_id, exact, seed)
         embed = target_embed if exact else embed
         fixtures.build_draft(tmp / f"draft-kimi-{kind}", draft, vocab, embed, exact, seed + 2)
-    for name in (n for pair in KIMI_PAIRS.values() for n in pair):
-        for f in tokdir.iterdir():
-            shutil.copy2(f, tmp / name / f.name)
+    fixtures.copy_tokenizer(tokdir, tmp, KIMI_PAIRS)
     return {"params": dataclasses.asdict(p), "key": p.key(), "kind": "kimi", "vocab": vocab, "pairs": KIMI_PAIRS}

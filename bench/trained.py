@@ -234,8 +234,7 @@ def train_pair(params: TrainedParams, ids: Any, vocab: int, quiet: bool) -> tupl
 
 def write_set(tmp: Path, params: TrainedParams, target: Any, draft: Any, vocab: int, tokdir: Path) -> None:
     """The checkpoints SGLang loads, each with the tokenizer beside it."""
-    import shutil
-
+    from bench.fixtures import copy_tokenizer
     from bench.trained_models import extended_state, write_draft, write_target
 
     trained = target.state_dict()
@@ -244,9 +243,7 @@ def write_set(tmp: Path, params: TrainedParams, target: Any, draft: Any, vocab: 
         if layers:
             write_target(tmp / name, extended_state(trained, params, layers), params, vocab, layers)
     write_draft(tmp / "draft-trained", draft, params, vocab)
-    for name in {n for pair in params.pairs().values() for n in pair}:
-        for f in tokdir.iterdir():
-            shutil.copy2(f, tmp / name / f.name)
+    copy_tokenizer(tokdir, tmp, params.pairs())
 
 
 def build(tmp: Path, params: TrainedParams, quiet: bool) -> dict[str, Any]:
