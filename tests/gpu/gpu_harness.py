@@ -6,6 +6,7 @@ sends its load, keeps the outputs, counters and log text, and stops it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 from concurrent.futures import ThreadPoolExecutor
@@ -126,10 +127,10 @@ def switch_spec(models: Models, worker: str, tp: int, *, disable: int = DISABLE,
                       dict(env))
 
 
-def always_spec(models: Models, worker: str, tp: int) -> ServerSpec:
+def always_spec(models: Models, worker: str, tp: int, extra: list[str] | None = None) -> ServerSpec:
     """The worker speculating at every batch size (no switch flags)."""
     flags, env = WORKERS[worker]
-    return ServerSpec(models.target, models.draft, tp, common_flags() + flags, dict(env))
+    return ServerSpec(models.target, models.draft, tp, common_flags() + flags + (extra or []), dict(env))
 
 
 def nospec_spec(models: Models, tp: int, extra: list[str] | None = None) -> ServerSpec:
@@ -229,6 +230,22 @@ def switch_run(ctx: dict[str, Any], worker: str, pair: str, backend: str | None 
     spec = switch_spec(models, worker, tp_size(), extra=flags)
     return once(f"{worker}-{pair}{suffix}", lambda: run_server(f"switch-{worker}-{pair}{suffix}", spec, ctx["tree"],
                                                                ctx["logs"], ctx["groups"], GREEDY))
+
+
+def always_run(ctx: dict[str, Any], worker: str, pair: str, backend: str | None = None) -> Run:
+    """The worker speculating at every batch size on the ramp (once per session, worker, pair and backend)."""
+    models = models_for(pair, ctx["fx"])
+    flags, suffix = _backend(backend)
+    spec = always_spec(models, worker, tp_size(), extra=flags)
+    return once(f"always-{worker}-{pair}{suffix}", lambda: run_server(f"spec-{worker}-{pair}{suffix}", spec, ctx["tree"],
+                                                                      ctx["logs"], ctx["groups"], GREEDY))
+
+
+def within_chance(count: int, control: int, sigmas: float = 3.0) -> bool:
+    """Whether a run's count of divergences off a near-tie exceeds a control run's by no more than
+    chance: under the same rate the difference of two such counts has a standard deviation of about
+    sqrt(count + control)."""
+    return count - control <= sigmas * math.sqrt(count + control)
 
 
 def _ids(r: client.Result) -> list[Any]:

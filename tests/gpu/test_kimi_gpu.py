@@ -5,6 +5,13 @@ step, replays DECODE graphs in fallback and gives the greedy outputs of a no-spe
 the same backend. That such a server starts at all is 0002's hooks at work: without them the
 EAGLE-3 worker's first call on the wrapper raises AttributeError.
 
+On the random pair, speculation gives tokens away from a near-tie of the no-speculation server even
+before any switch (triton, 2026-12-01: at concurrency 2 a token outside the reference's top 5, at 5
+one 0.125 nats below its best). A verify step computes the target over other shapes than a decode
+step, and the likely cause (not yet isolated) is bf16 rounding flipping an MoE layer's expert choice,
+which moves the logits far more than rounding does in a dense model. So that test holds the switch to
+what an always-speculating server of the same worker gives on the same backend.
+
 One backend per call fits the device's 10 minutes: `-k "kimi and triton"`, `-k "kimi and flashinfer"`.
 """
 from __future__ import annotations
@@ -50,7 +57,6 @@ def test_ramp_both_kinds_and_graphs(ctx: dict[str, Any], backend: str, worker: s
     assert not run.errors, f"{len(run.errors)} request(s) failed, first: {run.errors[0]}\nlog: {run.log_path}"
     assert c is not None and c.spec_steps > 0 and c.fallback_steps > 0, f"counters {c} ({run.log_path})"
     assert in_range and not eager, f"fallback decode batches without a CUDA graph: {eager[:1]} ({run.log_path})"
-    assert _server_arg(run.log_text, "enable_flashinfer_allreduce_fusion") != "True", "fusion on at TP 1"
 
 
 @pytest.mark.parametrize("backend,worker", CASES)
@@ -63,10 +69,16 @@ def test_greedy_matches_nospec(ctx: dict[str, Any], backend: str, worker: str) -
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_random_pair_diverges_only_at_near_ties(ctx: dict[str, Any], backend: str) -> None:
+def test_random_pair_diverges_no_more_than_speculation_itself(ctx: dict[str, Any], backend: str) -> None:
     ref = H.ref_run(ctx, "kimi-random", backend)
     run = H.switch_run(ctx, "v2", "kimi-random", backend)
-    assert not run.errors and not ref.errors, (run.errors or ref.errors)[0]
-    cmp = H.compare(run, ref)
-    SUMMARY.append(f"[kimi {backend} v2 random] {cmp.line()}")
-    assert not cmp.not_near_tie, f"divergences where the target is not near a tie: {cmp.not_near_tie[:3]}"
+    control = H.always_run(ctx, "v2", "kimi-random", backend)
+    failed = run.errors or ref.errors or control.errors
+    assert not failed, failed[0]
+    cmp, base = H.compare(run, ref), H.compare(control, ref)
+    SUMMARY.append(f"[kimi {backend} v2 random] switch: {cmp.line()}")
+    SUMMARY.append(f"[kimi {backend} v2 random] always speculating: {base.line()}")
+    off, off_base = len(cmp.not_near_tie), len(base.not_near_tie)
+    assert H.within_chance(off, off_base), (
+        f"the switch gives {off} divergences off a near-tie where always speculating gives {off_base}: "
+        f"first {cmp.not_near_tie[:3]}")
