@@ -223,22 +223,23 @@ def ref_run(ctx: dict[str, Any], pair: str, backend: str | None = None) -> Run:
                                                          flat, tp_size(), flags))
 
 
-def switch_run(ctx: dict[str, Any], worker: str, pair: str, backend: str | None = None) -> Run:
-    """A switching server of this worker serving the ramp (once per session, worker, pair and backend)."""
+def _worker_run(ctx: dict[str, Any], kind: str, worker: str, pair: str, backend: str | None) -> Run:
+    """kind "switch": the switching server; "spec": the worker speculating at every batch size.
+    Each serves the ramp once per session, worker, pair and backend."""
     models = models_for(pair, ctx["fx"])
     flags, suffix = _backend(backend)
-    spec = switch_spec(models, worker, tp_size(), extra=flags)
-    return once(f"{worker}-{pair}{suffix}", lambda: run_server(f"switch-{worker}-{pair}{suffix}", spec, ctx["tree"],
-                                                               ctx["logs"], ctx["groups"], GREEDY))
+    make_spec = switch_spec if kind == "switch" else always_spec
+    spec = make_spec(models, worker, tp_size(), extra=flags)
+    name = f"{kind}-{worker}-{pair}{suffix}"
+    return once(name, lambda: run_server(name, spec, ctx["tree"], ctx["logs"], ctx["groups"], GREEDY))
+
+
+def switch_run(ctx: dict[str, Any], worker: str, pair: str, backend: str | None = None) -> Run:
+    return _worker_run(ctx, "switch", worker, pair, backend)
 
 
 def always_run(ctx: dict[str, Any], worker: str, pair: str, backend: str | None = None) -> Run:
-    """The worker speculating at every batch size on the ramp (once per session, worker, pair and backend)."""
-    models = models_for(pair, ctx["fx"])
-    flags, suffix = _backend(backend)
-    spec = always_spec(models, worker, tp_size(), extra=flags)
-    return once(f"always-{worker}-{pair}{suffix}", lambda: run_server(f"spec-{worker}-{pair}{suffix}", spec, ctx["tree"],
-                                                                      ctx["logs"], ctx["groups"], GREEDY))
+    return _worker_run(ctx, "spec", worker, pair, backend)
 
 
 def within_chance(count: int, control: int, sigmas: float = 3.0) -> bool:
