@@ -5,6 +5,8 @@
 #   bash ci/gpu/run-on-device.sh bench-per-gpu "ARGS0" "ARGS1" ...
 #                                                     # one bench per GPU at once (CUDA_VISIBLE_DEVICES=i),
 #                                                     # $OUT/bench-<i>/results.{json,md}; log, server logs, plot in $OUT/logs-<i>.tgz
+#   bash ci/gpu/run-on-device.sh bench-seq "ARGS0" "ARGS1" ...
+#                                                     # the same sweeps one after another on one GPU (same files)
 #   bash ci/gpu/run-on-device.sh env                   # only set up and report the environment
 # Needs the offline bundle built here first, from the current series (refused otherwise):
 #   make bundle          (ci/gpu/make-bundle.sh; + optional ci/gpu/build-extra.sh)
@@ -75,30 +77,41 @@ case "$mode" in
     packed=(logs); [ -d "$OUT/bench/profiles" ] && packed+=(profiles)
     [ -d "$OUT/bench/logs" ] && tar czf "$OUT/bench-logs.tgz" -C "$OUT/bench" "${packed[@]}" \
       && rm -rf "${packed[@]/#/$OUT/bench/}" "$OUT/bench/results.csv" "$OUT/bench"/*.png ;;
-  bench-per-gpu)
+  bench-per-gpu|bench-seq)
     # Each sweep must hold its own baselines: ratios compare configs of one sweep only.
     # Generated once here, or each sweep would draw the same large fixture at once.
     for preset in $(printf '%s\n' "$@" | grep -o -- '--fixture-preset[ =][a-z-]*' | sed 's/.*[ =]//' | sort -u); do
       [ "$preset" = tiny ] || python3 -m bench.fixtures --preset "$preset" || { log "$preset fixtures failed"; exit 2; }
     done
-    pids=()
+    sweep() {  # sweep I ARGS: one bench into $OUT/bench-I, its output in $OUT/bench-I.log
+      local left=$(( ${DEVICE_TIMEOUT:-560} - ($(date +%s) - t0) ))
+      if [ "$left" -lt 60 ]; then
+        echo "sweep $1 not started: ${left}s of DEVICE_TIMEOUT left" > "$OUT/bench-$1.log"; return 124
+      fi
+      local -a argv; eval "argv=($2)"  # ARGS is one shell word: its own quotes group its flags
+      timeout --signal=INT --kill-after=30 "$left" python3 -m bench --out "$OUT/bench-$1" "${argv[@]}" > "$OUT/bench-$1.log" 2>&1
+    }
+    pids=(); rc=0
     for i in $(seq 0 $(( $# - 1 ))); do
       args="${@:$(( i + 1 )):1}"
-      # shellcheck disable=SC2086
-      CUDA_VISIBLE_DEVICES=$i timeout --signal=INT --kill-after=30 "$budget" \
-        python3 -m bench --out "$OUT/bench-$i" $args > "$OUT/bench-$i.log" 2>&1 &
-      pids+=($!)
+      if [ "$mode" = bench-seq ]; then
+        sweep "$i" "$args" || rc=$?
+      else
+        CUDA_VISIBLE_DEVICES=$i sweep "$i" "$args" &
+        pids+=($!)
+      fi
     done
-    rc=0
-    for i in "${!pids[@]}"; do
-      wait "${pids[$i]}" || rc=$?
+    for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
+    for i in $(seq 0 $(( $# - 1 ))); do
       tail -n 40 "$OUT/bench-$i.log" >&2
       # The device returns at most 8 files: keep results.json/.md, pack the rest (the CSV and the
       # plot can be redone from results.json with `python -m bench report`).
-      tar czf "$OUT/logs-$i.tgz" -C "$OUT" "bench-$i.log" "bench-$i/logs" $(cd "$OUT" && ls bench-$i/*.png 2>/dev/null) \
+      packed=$(cd "$OUT" && ls -d "bench-$i.log" "bench-$i/logs" bench-$i/*.png 2>/dev/null)
+      # shellcheck disable=SC2086
+      tar czf "$OUT/logs-$i.tgz" -C "$OUT" $packed \
         && rm -rf "$OUT/bench-$i.log" "$OUT/bench-$i/logs" "$OUT/bench-$i/results.csv" "$OUT/bench-$i"/*.png
     done ;;
-  *) log "unknown mode $mode (test | bench | bench-per-gpu | env)"; exit 2 ;;
+  *) log "unknown mode $mode (test | bench | bench-per-gpu | bench-seq | env)"; exit 2 ;;
 esac
 log "exit $rc after $(( $(date +%s) - t0 ))s (124: interrupted at DEVICE_TIMEOUT)"
 exit "$rc"
