@@ -66,15 +66,31 @@ def _srt_text(tree: Path, relative: str) -> str:
     return path.read_text(encoding="utf-8") if path.is_file() else ""
 
 
+def _server_args_text(tree: Path) -> str:
+    """Where the tree's SGLang declares its ServerArgs fields: server_args.py, and from 0.5.23 on
+    also the field groups in arg_groups/."""
+    groups = tree / "python" / "sglang" / "srt" / "arg_groups"
+    parts = [_srt_text(tree, "server_args.py")]
+    parts += [p.read_text(encoding="utf-8") for p in sorted(groups.rglob("*.py"))] if groups.is_dir() else []
+    return "\n".join(parts)
+
+
 def tree_has_switch(tree: Path) -> bool:
     """Whether the tree carries the speculation switch (a line may drop it: lines/<ref>/NOTES.md)."""
-    return PATCH_MARKER in _srt_text(tree, "server_args.py")
+    return PATCH_MARKER in _server_args_text(tree)
 
 
 def missing_server_args(tree: Path, names: list[str]) -> list[str]:
     """Those of the ServerArgs fields that the tree's SGLang does not declare."""
-    text = _srt_text(tree, "server_args.py")
+    text = _server_args_text(tree)
     return [n for n in names if not re.search(rf"\b{re.escape(n)}\b", text)]
+
+
+def cuda_graph_max_bs_flag(tree: Path) -> str:
+    """The flag that caps decode CUDA graph batch sizes: 0.5.15 renamed it (keeping the old name
+    deprecated), 0.5.23 no longer accepts the old one."""
+    renamed = not missing_server_args(tree, ["cuda_graph_max_bs_decode"])
+    return "--cuda-graph-max-bs-decode" if renamed else "--cuda-graph-max-bs"
 
 
 def check_tree(tree: Path, python: str = sys.executable, *, require_switch: bool = True) -> str:

@@ -19,7 +19,7 @@ import pytest
 from bench import client
 from bench.configs import EAGLE_V1, EAGLE_V2, V2_ENV
 from bench.logparse import Counters, parse_log, parse_metrics
-from bench.server import Server, ServerSpec, base_flags
+from bench.server import Server, ServerSpec, base_flags, cuda_graph_max_bs_flag, resolve_tree
 
 RAMP = [1, 2, 5, 10, 30, 70, 100, 250, 10, 1]
 NEW_TOKENS = int(os.environ.get("SGL_TEST_NEW_TOKENS", "32"))
@@ -115,7 +115,8 @@ def common_flags(max_running_requests: int | None = 256) -> list[str]:
     """max_running_requests None: leave it to the server's own default."""
     cap = [] if max_running_requests is None else ["--max-running-requests", str(max_running_requests)]
     return base_flags() + [
-        "--enable-metrics", *cap, "--cuda-graph-max-bs", str(CUDA_GRAPH_MAX_BS), "--decode-log-interval", "1",
+        "--enable-metrics", *cap, cuda_graph_max_bs_flag(resolve_tree()), str(CUDA_GRAPH_MAX_BS),
+        "--decode-log-interval", "1",
     ] + shlex.split(os.environ.get("SGL_TEST_EXTRA_FLAGS", ""))
 
 
