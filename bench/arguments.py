@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from bench import client, fixtures
-from bench.configs import CONFIGS, DEFAULT_CONFIGS
+from bench.configs import CONFIGS, DEFAULT_CONFIGS, DEFAULT_PLAIN_CONFIGS, DEFAULT_UPSTREAM_CONFIGS
 
 FULL_LEVELS = [1, 2, 5, 10, 30, 70, 100, 250]
 QUICK_LEVELS = [1, 2, 10, 30, 100, 250]
@@ -44,7 +44,10 @@ def _thresholds(text: str) -> tuple[int, int]:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench", description="Concurrency sweep: no-spec vs EAGLE-3 vs the switch.",
                                  epilog="configs: " + "; ".join(f"{c.name}: {c.help}" for c in CONFIGS.values()))
-    ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="comma-separated (default %(default)s)")
+    ap.add_argument("--configs", default=None,
+                    help=f"comma-separated (default {','.join(DEFAULT_CONFIGS)}; on a tree without the switch "
+                         f"{','.join(DEFAULT_UPSTREAM_CONFIGS)}, without --speculative-adaptive either "
+                         f"{','.join(DEFAULT_PLAIN_CONFIGS)})")
     ap.add_argument("--concurrency", type=_levels, default=None, help=f"levels (default {FULL_LEVELS}; --quick {QUICK_LEVELS})")
     ap.add_argument("--num-requests", type=_positive, default=None, help="requests per level, at least WAVES x the level (default 30; --quick 10)")
     ap.add_argument("--waves", type=_positive, default=None,

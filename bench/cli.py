@@ -23,11 +23,13 @@ from bench.configs import (
     BASELINE_NOSPEC,
     BASELINE_SPEC,
     Config,
+    num_steps,
     off_above_tiers,
     parse_configs,
 )
 from bench.fixtures import FixtureError
 from bench.logparse import captured_graph_sets, parse_log, parse_metrics
+from bench.releases import configs_for_tree, recommended_flags
 from bench.results import (
     Analysis,
     ConfigRecord,
@@ -140,7 +142,7 @@ def _server_flags(cfg: Config, settings: RunSettings, results: RunResults, out: 
         flags += ["--speculative-disable-batch-size", str(n), "--speculative-enable-batch-size", str(m)]
     if cfg.adaptive_tiers:
         n, _ = _switch_thresholds(cfg, settings, results)
-        steps = int(cfg.flags[cfg.flags.index("--speculative-num-steps") + 1])
+        steps = num_steps(cfg)
         tiers = out / f"{cfg.name}-tiers.json"
         tiers.write_text(json.dumps(off_above_tiers(n, steps), indent=2) + "\n", encoding="utf-8")
         say(f"[{cfg.name}] tier file {tiers}: {steps} steps up to a batch of {n}, none above")
@@ -267,12 +269,13 @@ def run(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     settings = RunSettings.from_args(args)
     try:
-        cfgs = parse_configs(args.configs)
+        named = parse_configs(args.configs) if args.configs else None
     except ValueError as e:
         raise BenchUsageError(str(e)) from None
+    tree = resolve_tree(args.tree)
+    cfgs = named or parse_configs(",".join(configs_for_tree(tree)))
     out = args.out or PROJECT_ROOT / "build" / "bench" / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    tree = resolve_tree(args.tree)
     refuse_unsupported(cfgs, tree)
     imported = check_tree(tree, require_switch=any(c.switch for c in cfgs))
     target = _target(args, tree, out)
@@ -282,9 +285,8 @@ def run(argv: list[str]) -> int:
     failed = _run_configs(cfgs, settings, target, results, args.time_budget)
     analysis, paths = _save(results, out, plot=True)
     print(report.markdown(results, analysis))
-    rec = analysis.recommendation
-    if rec and rec.flags:
-        print(f"recommended server flags: {rec.flags}")
+    for line in recommended_flags(analysis, tree, out):
+        print(line)
     say("wrote " + ", ".join(str(p) for p in paths.values() if p)
         + ("" if paths["png"] else " (no plot: matplotlib is not installed; `python -m bench report` it elsewhere)"))
     return 1 if failed else 0

@@ -77,6 +77,10 @@ CONFIGS: dict[str, Config] = {c.name: c for c in [
            help="reduced v1 speculation with the switch"),
 ]}
 DEFAULT_CONFIGS = ["nospec", "spec", "spec-v2", "switch-v1", "switch-v2"]
+# A line without the switch (v0.5.15, v0.5.23): upstream's load-based speculation where it exists
+# (0.5.11+), with the tier file that turns it off above the crossover this run measures.
+DEFAULT_UPSTREAM_CONFIGS = ["nospec", "spec-v2", "adaptive-v2-off"]
+DEFAULT_PLAIN_CONFIGS = ["nospec", "spec-v2"]
 # The recommendation is computed from these two sweeps.
 BASELINE_NOSPEC, BASELINE_SPEC = "nospec", "spec"
 
@@ -88,6 +92,18 @@ def parse_configs(text: str) -> list[Config]:
         raise ValueError(f"unknown config(s) {', '.join(bad)}; known: {', '.join(CONFIGS)}")
     # baselines first, so the switch configs can use the recommendation from this run
     return sorted((CONFIGS[n] for n in dict.fromkeys(names)), key=lambda c: c.needs_thresholds)
+
+
+def num_steps(cfg: Config) -> int:
+    """The config's --speculative-num-steps."""
+    return int(cfg.flags[cfg.flags.index("--speculative-num-steps") + 1])
+
+
+def default_configs(has_switch: bool, has_adaptive: bool) -> list[str]:
+    """What `python -m bench` runs without --configs on a tree with or without these flags."""
+    if has_switch:
+        return DEFAULT_CONFIGS
+    return DEFAULT_UPSTREAM_CONFIGS if has_adaptive else DEFAULT_PLAIN_CONFIGS
 
 
 def off_above_tiers(n: int, steps: int) -> dict[str, dict[str, list[int]]]:
