@@ -12,7 +12,7 @@ import shlex
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -224,23 +224,24 @@ def ref_run(ctx: dict[str, Any], pair: str, backend: str | None = None) -> Run:
                                                          flat, tp_size(), flags))
 
 
-def _worker_run(ctx: dict[str, Any], kind: str, worker: str, pair: str, backend: str | None) -> Run:
-    """kind "switch": the switching server; "spec": the worker speculating at every batch size.
-    Each serves the ramp once per session, worker, pair and backend."""
+def _worker_run(ctx: dict[str, Any], prefix: str, make_spec: Callable[..., ServerSpec], worker: str, pair: str,
+                backend: str | None) -> Run:
+    """A server of make_spec's kind for this worker serving the ramp (once per session, worker, pair
+    and backend); prefix names its log."""
     models = models_for(pair, ctx["fx"])
     flags, suffix = _backend(backend)
-    make_spec = switch_spec if kind == "switch" else always_spec
     spec = make_spec(models, worker, tp_size(), extra=flags)
-    name = f"{kind}-{worker}-{pair}{suffix}"
+    name = f"{prefix}-{worker}-{pair}{suffix}"
     return once(name, lambda: run_server(name, spec, ctx["tree"], ctx["logs"], ctx["groups"], GREEDY))
 
 
 def switch_run(ctx: dict[str, Any], worker: str, pair: str, backend: str | None = None) -> Run:
-    return _worker_run(ctx, "switch", worker, pair, backend)
+    return _worker_run(ctx, "switch", switch_spec, worker, pair, backend)
 
 
 def always_run(ctx: dict[str, Any], worker: str, pair: str, backend: str | None = None) -> Run:
-    return _worker_run(ctx, "spec", worker, pair, backend)
+    """The worker speculating at every batch size, on the same ramp."""
+    return _worker_run(ctx, "spec", always_spec, worker, pair, backend)
 
 
 def within_chance(count: int, control: int, sigmas: float = 3.0) -> bool:
