@@ -1,0 +1,49 @@
+"""The GPU suite's verdicts on CPU (runs in CI): how a divergence from the no-speculation server is
+classified, and when a switch's off-tie divergences exceed a control run's by more than chance."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench.client import Result
+
+import gpu_harness as H
+
+
+def _run(results: list[Result]) -> H.Run:
+    return H.Run("synthetic", results, "", Path("synthetic.log"), None)
+
+
+def _ref(prompt: str, ids: list[int], tops: list[list[tuple[float, int, Any]]]) -> Result:
+    # SGLang's meta_info["output_top_logprobs"]: per output position, (logprob, token id, text)
+    return Result(prompt, output_ids=ids, meta={"output_top_logprobs": tops})
+
+
+def test_a_divergence_is_a_near_tie_only_within_the_tolerance_and_the_top_five() -> None:
+    top = [(-0.50, 7, None), (-0.55, 8, None), (-0.90, 9, None)]
+    ref = _run([_ref("a", [1, 7], [[(-0.1, 1, None)], top]), _ref("b", [1, 7], [[(-0.1, 1, None)], top]),
+                _ref("c", [1, 7], [[(-0.1, 1, None)], top]), _ref("d", [1, 7], [[(-0.1, 1, None)], top])])
+    spec = _run([Result("a", output_ids=[1, 7]), Result("b", output_ids=[1, 8]),
+                 Result("c", output_ids=[1, 9]), Result("d", output_ids=[1, 4])])
+    cmp = H.compare(spec, ref)
+    assert (cmp.total, cmp.equal) == (4, 1)
+    by_prompt = {d["prompt"]: d for d in cmp.divergences}
+    assert by_prompt["b"]["near_tie"] and abs(by_prompt["b"]["gap"] - 0.05) < 1e-9 and by_prompt["b"]["pos"] == 1
+    assert not by_prompt["c"]["near_tie"] and abs(by_prompt["c"]["gap"] - 0.40) < 1e-9  # beyond 0.1 nats
+    assert not by_prompt["d"]["near_tie"] and by_prompt["d"]["gap"] is None  # outside the top five
+    assert [d["prompt"] for d in cmp.not_near_tie] == ["c", "d"]
+
+
+def test_failed_requests_are_left_out_of_the_comparison() -> None:
+    ref = _run([_ref("a", [1], [[(-0.1, 1, None)]]), _ref("b", [1], [[(-0.1, 1, None)]])])
+    spec = _run([Result("a", output_ids=[1]), Result("b", error="HTTP 500")])
+    cmp = H.compare(spec, ref)
+    assert (cmp.total, cmp.equal, cmp.skipped, cmp.divergences) == (1, 1, 1, [])
+
+
+def test_within_chance_allows_noise_and_catches_a_jump() -> None:
+    assert H.within_chance(224, 224) and H.within_chance(0, 0)
+    assert H.within_chance(260, 224)  # 36 more, against 3 x sqrt(484) = 66
+    assert not H.within_chance(450, 224)  # a switch that broke the draft or target state
+    assert not H.within_chance(10, 0)  # 3 x sqrt(10) = 9.5
+    assert H.within_chance(100, 224)  # fewer than the control is never a failure
