@@ -244,6 +244,15 @@ def always_run(ctx: dict[str, Any], worker: str, pair: str, backend: str | None 
     return _worker_run(ctx, "spec", always_spec, worker, pair, backend)
 
 
+def accepted_drafts(meta: dict[str, Any]) -> int:
+    """Draft tokens a request's verify steps accepted (the bonus token not counted), under the name
+    its release reports them: spec_accept_token_num in 0.5.9, spec_num_correct_drafts in 0.5.15 and 0.5.23."""
+    for key in ("spec_accept_token_num", "spec_num_correct_drafts"):
+        if key in meta:
+            return int(meta[key])
+    return 0
+
+
 def within_chance(count: int, control: int, sigmas: float = 3.0) -> bool:
     """Whether a run's count of divergences off a near-tie exceeds a control run's by no more than
     chance: under the same rate the difference of two such counts has a standard deviation of about

@@ -87,8 +87,7 @@ def _survivors(ctx: dict[str, Any], worker: str, skip_sync: bool) -> list[Surviv
     result = []
     for ids, r in zip(ctx["ids"][BURST:], out[BURST:], strict=True):
         meta = r["meta_info"]
-        s = Survivor(ids, list(r["output_ids"]), int(meta.get("spec_verify_ct", 0)),
-                     int(meta.get("spec_accept_token_num", 0)))
+        s = Survivor(ids, list(r["output_ids"]), int(meta.get("spec_verify_ct", 0)), H.accepted_drafts(meta))
         assert len(s.output_ids) == LONG and s.verify_steps > 0 and s.before > SHORT // 2, (
             f"{name}: a survivor did not live through an off period and speculate after it: {s.before} tokens "
             f"before, {s.verify_steps} verify steps ({log})")
@@ -102,7 +101,7 @@ def _reference(ctx: dict[str, Any], worker: str, runs: list[list[Survivor]]) -> 
     ids = [s.prompt_ids + s.output_ids[: s.before] for s in flat]
     out, _ = _serve(f"reenable-{worker}-always-spec", H.always_spec(ctx["models"], worker, H.tp_size()), ctx, ids,
                     [s.spec_tokens for s in flat])
-    pairs = [(int(r["meta_info"]["spec_verify_ct"]), int(r["meta_info"]["spec_accept_token_num"])) for r in out]
+    pairs = [(int(r["meta_info"]["spec_verify_ct"]), H.accepted_drafts(r["meta_info"])) for r in out]
     return [pairs[i * SURVIVORS : (i + 1) * SURVIVORS] for i in range(len(runs))]
 
 

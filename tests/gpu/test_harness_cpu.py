@@ -47,3 +47,10 @@ def test_within_chance_allows_noise_and_catches_a_jump() -> None:
     assert not H.within_chance(450, 224)  # a switch that broke the draft or target state
     assert not H.within_chance(10, 0)  # 3 x sqrt(10) = 9.5
     assert H.within_chance(100, 224)  # fewer than the control is never a failure
+
+
+def test_accepted_drafts_are_read_under_either_releases_name() -> None:
+    # meta_info of a 0.5.9 and a 0.5.15 request: 8 verify steps that accepted 24 drafts
+    assert H.accepted_drafts({"spec_verify_ct": 8, "spec_accept_token_num": 24}) == 24
+    assert H.accepted_drafts({"spec_verify_ct": 8, "spec_num_correct_drafts": 24, "spec_accepted_drafts": 24}) == 24
+    assert H.accepted_drafts({"completion_tokens": 32}) == 0  # no speculation
