@@ -134,7 +134,8 @@ def requests_for_level(num_requests: int, waves: int, concurrency: int) -> int:
     return max(num_requests, waves * concurrency)
 
 
-def _server_flags(cfg: Config, settings: RunSettings, results: RunResults, out: Path) -> list[str]:
+def server_flags(cfg: Config, settings: RunSettings, results: RunResults, out: Path) -> list[str]:
+    """The server flags a config runs with in this run (thresholds and tier file resolved; the tier file written to out)."""
     flags = base_flags() + list(cfg.flags) + ["--enable-metrics", "--max-running-requests", str(settings.max_running_requests)]
     if cfg.switch:
         n, m = _switch_thresholds(cfg, settings, results)
@@ -162,7 +163,7 @@ def refuse_unsupported(cfgs: list[Config], tree: Path) -> None:
 
 def run_config(cfg: Config, settings: RunSettings, target: RunTarget, results: RunResults) -> None:
     """Serve one config and sweep it; results.configs[cfg.name] holds what it measured so far."""
-    flags = _server_flags(cfg, settings, results, target.out)
+    flags = server_flags(cfg, settings, results, target.out)
     if cfg.speculative and not target.draft:
         raise BenchError(f"{cfg.name} needs --draft-model")
     spec = ServerSpec(target.model, target.draft, settings.tp, flags, dict(cfg.env))

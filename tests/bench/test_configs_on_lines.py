@@ -74,7 +74,7 @@ def _bench_cases(tree: Path, models: tuple[str, str], out: Path) -> list[dict[st
     for cfg in CONFIGS.values():
         if missing_server_args(tree, cfg.server_args_needed()):
             continue  # the bench refuses it on this tree, by name (test_bench_adaptive)
-        flags = cli._server_flags(cfg, settings, results, out)
+        flags = cli.server_flags(cfg, settings, results, out)
         spec = ServerSpec(models[0], models[1], 1, flags, dict(cfg.env))
         cases.append({"name": cfg.name, "argv": spec.argv(30000)[3:] + ["--device", "cpu"], "env": spec.env})
     return cases
