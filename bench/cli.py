@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
@@ -24,8 +23,8 @@ from bench.configs import (
     BASELINE_SPEC,
     Config,
     num_steps,
-    off_above_tiers,
     parse_configs,
+    write_off_above_tiers,
 )
 from bench.fixtures import FixtureError
 from bench.logparse import captured_graph_sets, parse_log, parse_metrics
@@ -144,8 +143,7 @@ def server_flags(cfg: Config, settings: RunSettings, results: RunResults, out: P
     if cfg.adaptive_tiers:
         n, _ = _switch_thresholds(cfg, settings, results)
         steps = num_steps(cfg)
-        tiers = out / f"{cfg.name}-tiers.json"
-        tiers.write_text(json.dumps(off_above_tiers(n, steps), indent=2) + "\n", encoding="utf-8")
+        tiers = write_off_above_tiers(out / f"{cfg.name}-tiers.json", n, steps)
         say(f"[{cfg.name}] tier file {tiers}: {steps} steps up to a batch of {n}, none above")
         flags += ["--speculative-adaptive-config", str(tiers)]
     return flags + shlex.split(settings.extra_flags)

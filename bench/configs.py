@@ -1,7 +1,9 @@
 """Server configurations the benchmark compares."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 EAGLE_V1 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
             "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16"]
@@ -110,3 +112,9 @@ def off_above_tiers(n: int, steps: int) -> dict[str, dict[str, list[int]]]:
     """Upstream's adaptive tier file that speculates `steps` steps up to a batch of n and none above.
     Upstream pads the batch size up to a captured graph size before it picks the tier."""
     return {"1": {"candidate_steps": [steps]}, str(n + 1): {"candidate_steps": [0]}}
+
+
+def write_off_above_tiers(path: Path, n: int, steps: int) -> Path:
+    """Write that tier file (what --speculative-adaptive-config reads) to path."""
+    path.write_text(json.dumps(off_above_tiers(n, steps), indent=2) + "\n", encoding="utf-8")
+    return path

@@ -2,10 +2,9 @@
 switch (the v0.5.9 line) or upstream's --speculative-adaptive (0.5.11+, the later lines)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from bench.configs import CONFIGS, default_configs, num_steps, off_above_tiers
+from bench.configs import CONFIGS, default_configs, num_steps, write_off_above_tiers
 from bench.results import Analysis
 from bench.server import missing_server_args, tree_has_switch
 
@@ -27,8 +26,7 @@ def recommended_flags(analysis: Analysis, tree: Path, out: Path) -> list[str]:
         return []
     if v2.kind != "crossover" or v2.disable_batch_size is None:
         return [f"spec-v2 against nospec: {v2.message}"]
-    tiers = out / "recommended-tiers.json"
     n, steps = v2.disable_batch_size, num_steps(CONFIGS["spec-v2"])
-    tiers.write_text(json.dumps(off_above_tiers(n, steps), indent=2) + "\n", encoding="utf-8")
+    tiers = write_off_above_tiers(out / "recommended-tiers.json", n, steps)
     return [f"recommended server flags (upstream's adaptive speculation: {steps} steps up to a decode batch of {n}, "
             f"none above): --speculative-adaptive --speculative-adaptive-config {tiers}"]
