@@ -32,10 +32,7 @@ def plain_run(ctx: dict[str, Any]) -> H.Run:
 
 
 def spec_v2_run(ctx: dict[str, Any]) -> H.Run:
-    models = H.models_for("exact", ctx["fx"])
-    spec = H.always_spec(models, "v2", H.tp_size())
-    return H.once("smoke-spec-v2", lambda: H.run_server("smoke-spec-v2-exact", spec, ctx["tree"], ctx["logs"],
-                                                        ctx["groups"], H.GREEDY))
+    return H.always_run(ctx, "v2", "exact")
 
 
 @pytest.mark.parametrize("server", ["plain", "spec-v2"])
