@@ -66,6 +66,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     return str(target), str(draft)
 
 
+def _case(name: str, spec: ServerSpec) -> dict[str, Any]:
+    """What the line's interpreter parses: the command line after `python -m sglang.launch_server`."""
+    return {"name": name, "argv": spec.argv(30000)[3:] + ["--device", "cpu"], "env": spec.env}
+
+
 def _bench_cases(tree: Path, models: tuple[str, str], out: Path) -> list[dict[str, Any]]:
     """Every config the benchmark would serve from this tree, with the flags it would pass."""
     settings = cli.RunSettings.from_args(parser().parse_args(["--switch-thresholds", "4,3"]))
@@ -75,8 +80,7 @@ def _bench_cases(tree: Path, models: tuple[str, str], out: Path) -> list[dict[st
         if missing_server_args(tree, cfg.server_args_needed()):
             continue  # the bench refuses it on this tree, by name (test_bench_adaptive)
         flags = cli.server_flags(cfg, settings, results, out)
-        spec = ServerSpec(models[0], models[1], 1, flags, dict(cfg.env))
-        cases.append({"name": cfg.name, "argv": spec.argv(30000)[3:] + ["--device", "cpu"], "env": spec.env})
+        cases.append(_case(cfg.name, ServerSpec(models[0], models[1], 1, flags, dict(cfg.env))))
     return cases
 
 
@@ -89,7 +93,7 @@ def _gpu_suite_cases(tree: Path, models: tuple[str, str], monkeypatch: pytest.Mo
     specs = {"gpu-suite nospec": H.nospec_spec(pair, 1), "gpu-suite spec-v2": H.always_spec(pair, "v2", 1)}
     if not missing_server_args(tree, ["speculative_disable_batch_size"]):
         specs.update({f"gpu-suite switch-{w}": H.switch_spec(pair, w, 1) for w in H.WORKERS})
-    return [{"name": n, "argv": s.argv(30000)[3:] + ["--device", "cpu"], "env": s.env} for n, s in specs.items()]
+    return [_case(n, s) for n, s in specs.items()]
 
 
 @pytest.mark.parametrize("ref,python", _lines())
