@@ -55,7 +55,8 @@ done
 t1=$(date +%s)
 python3 -m bench.fixtures || { log "fixture generation failed"; exit 2; }
 log "fixtures ready in $(( $(date +%s) - t1 ))s"
-budget=$(( ${DEVICE_TIMEOUT:-560} - ($(date +%s) - t0) ))
+time_left() { echo $(( ${DEVICE_TIMEOUT:-560} - ($(date +%s) - t0) )); }  # seconds until DEVICE_TIMEOUT
+budget=$(time_left)
 case "$mode" in
   env) exit 0 ;;
   test)
@@ -84,7 +85,7 @@ case "$mode" in
       [ "$preset" = tiny ] || python3 -m bench.fixtures --preset "$preset" || { log "$preset fixtures failed"; exit 2; }
     done
     sweep() {  # sweep I ARGS: one bench into $OUT/bench-I, its output in $OUT/bench-I.log
-      local left=$(( ${DEVICE_TIMEOUT:-560} - ($(date +%s) - t0) ))
+      local left; left=$(time_left)
       if [ "$left" -lt 60 ]; then
         echo "sweep $1 not started: ${left}s of DEVICE_TIMEOUT left" > "$OUT/bench-$1.log"; return 124
       fi
