@@ -65,9 +65,9 @@ CONFIGS: dict[str, Config] = {c.name: c for c in [
     Config("switch-v2-nosync", EAGLE_V2 + ["--speculative-fallback-skip-draft-sync"], V2_ENV, switch=True,
            compare_to=("nospec", "spec-v2"), baseline="spec-v2",
            help="switch-v2 without the draft sync in fallback steps"),
-    Config("switch-v2-batched", EAGLE_V2 + ["--speculative-fallback-batched-draft-sync"], V2_ENV, switch=True,
+    Config("switch-v2-deferred", EAGLE_V2 + ["--speculative-fallback-deferred-draft-sync"], V2_ENV, switch=True,
            compare_to=("nospec", "spec-v2"), baseline="spec-v2",
-           help="switch-v2 syncing the draft once per 4 fallback steps instead of every step"),
+           help="switch-v2 with plain fallback steps, the draft caught up once when speculation comes back"),
     # Upstream's load-based speculation (SGLang 0.5.11+; v2 worker, topk 1), to compare with ours.
     Config("adaptive-v2", EAGLE_V2 + ["--speculative-adaptive"], compare_to=("nospec", "spec-v2"), since="v0.5.11",
            help="upstream --speculative-adaptive, its default tiers (SGLang 0.5.11+)"),

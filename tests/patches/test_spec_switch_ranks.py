@@ -29,7 +29,7 @@ def _worker():
 
     worker = object.__new__(EAGLEWorkerV2)
     worker.spec_switch = SpecSwitch(DISABLE, ENABLE)
-    worker.batched_draft_sync = None
+    worker.deferred_draft_sync = None  # the opt-in deferred sync (a later patch)
     worker.steps = []
     worker.forward_plain_decode = lambda mwb, **_: worker.steps.append(("plain", len(mwb.seq_lens)))
 

@@ -7,4 +7,4 @@ speculative_num_draft_tokens = None
 speculative_disable_batch_size = None
 speculative_enable_batch_size = None
 speculative_fallback_skip_draft_sync = False
-speculative_fallback_batched_draft_sync = False
+speculative_fallback_deferred_draft_sync = False

@@ -1,0 +1,356 @@
+"""The v2 fallback's draft sync: per step (the default) or deferred to the step that turns
+speculation back on (--speculative-fallback-deferred-draft-sync).
+
+Real SGLang objects on CPU, run in the overlap loop's order (launch a step, then process the one
+before it, then prepare the next), so the host lags the device by a step as it does in a server.
+The target's forward is stood in for by one that samples tokens the test chooses and returns
+hidden states naming their step and row; the draft's prefill extend is SGLang's own, down to the
+forward batch its model would run, and the model's forward is recorded instead of run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from sglang_cpu import VOCAB, init_single_rank_groups
+from switch_helpers import NUM_DRAFT_TOKENS as N
+from switch_helpers import scheduler_for_output_processing, v2_decode_batch, v2_env
+
+AUX_HIDDEN = 12  # the target's captured hidden state width (EAGLE-3: three layers)
+DRAFT_HIDDEN = 8
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    pools = v2_env(
+        tmp_path,
+        monkeypatch,
+        speculative_disable_batch_size=2,
+        speculative_enable_batch_size=1,
+        speculative_fallback_deferred_draft_sync=True,
+    )
+    # A CUDA caching-allocator hint; CPU tensors have no streams to record.
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
+    init_single_rank_groups()  # ForwardBatch.init_new asks the expert-parallel group's size
+    return pools
+
+
+def _runner(pools):
+    """What ForwardBatch.init_new reads from a model runner, on CPU."""
+    from sglang.srt.server_args import get_global_server_args
+
+    return types.SimpleNamespace(
+        req_to_token_pool=pools.req_to_token_pool,
+        token_to_kv_pool=pools.kv_pool,
+        attn_backend=None,
+        device="cpu",
+        server_args=get_global_server_args(),
+        model_is_mrope=False,
+    )
+
+
+class _Target:
+    """Samples token 1000 * step + i for request i. Hidden state row r of a step holds
+    100 * step + r, so a reader can tell which step and row it came from."""
+
+    def __init__(self, pools):
+        self.runner = _runner(pools)
+        self.step = 0
+        self.calls = []
+
+    def forward_batch_generation(self, mwb):
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+        from sglang.srt.managers.utils import GenerationBatchResult
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+        self.step += 1
+        forward_batch = ForwardBatch.init_new(mwb, self.runner)
+        rows = len(mwb.input_ids)
+        hidden = (100 * self.step + torch.arange(rows, dtype=torch.float32))[:, None]
+        tokens = torch.tensor(
+            [1000 * self.step + i for i in range(len(mwb.seq_lens))], dtype=torch.int64
+        )
+        self.calls.append(types.SimpleNamespace(
+            mode=mwb.forward_mode,
+            input_ids=mwb.input_ids.clone(),
+            out_cache_loc=mwb.out_cache_loc.clone(),
+            positions=forward_batch.positions.clone(),
+            seq_lens=mwb.seq_lens.clone(),
+            extend_prefix_lens=mwb.extend_prefix_lens,
+            extend_seq_lens=mwb.extend_seq_lens,
+            sampled=tokens,
+        ))
+        return GenerationBatchResult(
+            logits_output=LogitsProcessorOutput(
+                next_token_logits=None, hidden_states=hidden.expand(rows, AUX_HIDDEN).clone()
+            ),
+            next_token_ids=tokens,
+        )
+
+
+class _DraftRunner:
+    """The draft model: records the forward batch SGLang built for it; proposes token 7 + row."""
+
+    def __init__(self, pools):
+        self.__dict__.update(vars(_runner(pools)))
+        self.tp_group = None
+        self.forwards = []
+
+    def forward(self, forward_batch, **_):
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+        # The draft input is the object the extend hands on; keep what the model read.
+        self.forwards.append((forward_batch, forward_batch.spec_info.hidden_states.clone()))
+        bs = forward_batch.batch_size
+        logits = torch.zeros(bs, VOCAB)
+        logits[torch.arange(bs), 7 + torch.arange(bs)] = 1.0
+        hidden = torch.arange(bs, dtype=torch.float32)[:, None].expand(bs, DRAFT_HIDDEN)
+        return types.SimpleNamespace(
+            logits_output=LogitsProcessorOutput(next_token_logits=logits, hidden_states=hidden)
+        )
+
+
+class _Draft:
+    """SGLang's EagleDraftWorker prefill extend on a recorded draft model; the per-step sync's
+    decode extend, which needs the GPU, is recorded instead of run."""
+
+    def __init__(self, pools):
+        from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+
+        self.draft_runner = _DraftRunner(pools)
+        self.topk = 1
+        self.hot_token_id = None
+        self._draft_extend_for_prefill = types.MethodType(
+            EagleDraftWorker._draft_extend_for_prefill, self
+        )
+        self.decode_extends = []
+
+    def draft_tp_context(self, group):
+        return contextlib.nullcontext()
+
+    def _draft_extend_for_decode(self, mwb, result):
+        self.decode_extends.append(types.SimpleNamespace(
+            seq_lens=mwb.seq_lens.clone(),
+            hidden=result.logits_output.hidden_states.clone(),
+            accept_lens=result.accept_lens.clone(),
+        ))
+        bs = len(mwb.seq_lens)
+        nxt = result.next_draft_input
+        nxt.topk_p, nxt.topk_index = torch.ones(bs, 1), torch.full((bs, 1), 1)
+        nxt.hidden_states = torch.zeros(bs, DRAFT_HIDDEN)
+
+
+def _worker(env):
+    from sglang.srt.server_args import get_global_server_args
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+    from sglang.srt.speculative.spec_switch import SpecSwitch
+    from sglang.srt.speculative.spec_switch_v2 import DeferredDraftSyncV2
+
+    w = object.__new__(EAGLEWorkerV2)
+    args = get_global_server_args()
+    w.server_args = args
+    w.speculative_num_draft_tokens = N
+    w.device = "cpu"
+    w.req_to_token_pool = env.req_to_token_pool
+    w._target_worker, w._draft_worker = _Target(env), _Draft(env)
+    w.spec_switch = SpecSwitch.from_server_args(args)
+    num_slots = env.req_to_token_pool.req_to_token.shape[0]
+    w.deferred_draft_sync = (
+        DeferredDraftSyncV2(num_slots, max_catch_up_tokens=4096)
+        if args.speculative_fallback_deferred_draft_sync
+        else None
+    )
+    return w
+
+
+@dataclass
+class Loop:
+    """The overlap loop: the result of the last launched step waits until the next launch."""
+
+    worker: object
+    batch: object
+    waiting: object = None
+
+    def steps(self, n):
+        results = []
+        for _ in range(n):
+            mwb = self.batch.get_model_worker_batch()
+            result = self.worker.forward_batch_generation(mwb)
+            results.append(result)
+            self.batch.spec_info = result.next_draft_input
+            self.batch.seq_lens = result.next_draft_input.new_seq_lens
+            self.process_waiting()
+            self.waiting = result
+            self.batch.prepare_for_decode()
+        return results
+
+    def process_waiting(self):
+        if self.waiting is not None:
+            tokens = scheduler_for_output_processing()._resolve_spec_overlap_token_ids(
+                self.waiting, self.batch
+            )
+            for req, new in zip(self.batch.reqs, tokens, strict=True):
+                req.output_ids.extend(new)  # as process_batch_result_decode does for spec v2
+            self.waiting = None
+
+
+def _speculation_comes_back(worker):
+    worker.spec_switch.enable_batch_size = worker.spec_switch.disable_batch_size = 3
+
+
+def test_off_steps_are_plain_decodes_and_the_draft_is_left_behind(env):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    batch, reqs = v2_decode_batch(env, n=3)
+    s0 = batch.seq_lens.tolist()
+    worker = _worker(env)
+    Loop(worker, batch).steps(4)
+
+    target = worker._target_worker
+    assert [c.mode for c in target.calls] == [ForwardMode.DECODE] * 4
+    assert worker._draft_worker.decode_extends == [] and worker._draft_worker.draft_runner.forwards == []
+    slots = torch.tensor([r.req_pool_idx for r in reqs])
+    assert worker.deferred_draft_sync.stale_from[slots].tolist() == s0, "stale from the first off position"
+    assert worker.deferred_draft_sync.owes(batch.get_model_worker_batch())
+    assert worker.spec_switch.fallback_steps == 4
+
+
+def test_the_step_that_turns_speculation_on_extends_target_and_draft_over_the_off_positions(env):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    batch, reqs = v2_decode_batch(env, n=3)
+    s0, first = batch.seq_lens.tolist(), [100 + i for i in range(3)]
+    worker = _worker(env)
+    loop = Loop(worker, batch)
+    off = 5
+    loop.steps(off)
+    _speculation_comes_back(worker)
+    (result,) = loop.steps(1)
+
+    target, runner = worker._target_worker, worker._draft_worker.draft_runner
+    ext = target.calls[-1]
+    assert ext.mode == ForwardMode.EXTEND
+    assert ext.extend_prefix_lens == s0 and ext.extend_seq_lens == [off + 1] * 3
+    # Position s0 + j holds the token fed at off step j + 1: the prefill's, then each step's sample.
+    tokens = [[first[i]] + [1000 * j + i for j in range(1, off + 1)] for i in range(3)]
+    assert ext.input_ids.view(3, off + 1).tolist() == tokens
+    assert ext.positions.view(3, off + 1).tolist() == [list(range(s, s + off + 1)) for s in s0]
+    req_to_token = env.req_to_token_pool.req_to_token
+    # The KV slots are the ones the off steps wrote, and the one reserved for position s.
+    wrote = [[int(target.calls[j].out_cache_loc[i]) for j in range(off)] for i in range(3)]
+    reserved = [int(req_to_token[r.req_pool_idx, s0[i] + off]) for i, r in enumerate(reqs)]
+    assert ext.out_cache_loc.view(3, off + 1).tolist() == [w + [r] for w, r in zip(wrote, reserved, strict=True)]
+    assert ext.seq_lens.tolist() == [s + off + 1 for s in s0]
+
+    ((draft, draft_hidden),) = runner.forwards
+    assert draft.forward_mode == ForwardMode.EXTEND
+    # The draft reads each position's next token, ending with the one this step sampled...
+    shifted = [t[1:] + [int(ext.sampled[i])] for i, t in enumerate(tokens)]
+    assert draft.input_ids.view(3, off + 1).tolist() == shifted
+    assert torch.equal(draft.positions, ext.positions) and torch.equal(draft.out_cache_loc, ext.out_cache_loc)
+    # ...with the target's hidden state of that position, from this step's forward.
+    step = target.step
+    assert draft_hidden[:, 0].tolist() == [100 * step + r for r in range(3 * (off + 1))]
+
+    assert result.spec_skipped and result.accept_lens.tolist() == [1, 1, 1]
+    assert result.next_token_ids[::N].tolist() == ext.sampled.tolist()
+    nxt = result.next_draft_input
+    assert nxt.verified_id.tolist() == ext.sampled.tolist() and nxt.verified_id.dtype == torch.int32
+    assert nxt.new_seq_lens.tolist() == [s + off + 1 for s in s0]
+    assert nxt.topk_index.view(-1).tolist() == [7, 8, 9], "the next draft starts from the catch-up's proposals"
+    assert nxt.hidden_states.shape == (3, DRAFT_HIDDEN)
+    assert not worker.deferred_draft_sync.owes(batch.get_model_worker_batch())
+    assert worker.spec_switch.speculating
+    assert (worker.spec_switch.fallback_steps, worker.spec_switch.spec_steps) == (off + 1, 0)
+
+
+def test_past_its_token_budget_the_catch_up_takes_the_last_positions(env):
+    batch, _ = v2_decode_batch(env, n=3)
+    s0 = batch.seq_lens.tolist()
+    worker = _worker(env)
+    worker.deferred_draft_sync.max_catch_up_tokens = 3 * 3  # 3 rows per request
+    loop = Loop(worker, batch)
+    loop.steps(6)
+    _speculation_comes_back(worker)
+    loop.steps(1)
+
+    ext = worker._target_worker.calls[-1]
+    assert ext.extend_seq_lens == [3] * 3
+    assert ext.extend_prefix_lens == [s + 6 - 2 for s in s0]
+    assert ext.input_ids.view(3, 3).tolist() == [[1000 * j + i for j in (4, 5, 6)] for i in range(3)]
+
+
+def test_a_request_prefilled_while_off_catches_up_from_its_own_first_off_step(env):
+    batch, reqs = v2_decode_batch(env, n=3)
+    s0 = batch.seq_lens.tolist()
+    worker = _worker(env)
+    loop = Loop(worker, batch)
+    loop.steps(1)
+    # Request 2 is prefilled anew (as after a retraction): its draft is current from there.
+    worker.deferred_draft_sync.forget(types.SimpleNamespace(reqs=[reqs[2]]))
+    loop.steps(3)
+    _speculation_comes_back(worker)
+    loop.steps(1)
+
+    ext = worker._target_worker.calls[-1]
+    assert ext.extend_prefix_lens == [s0[0], s0[1], s0[2] + 1]
+    assert ext.extend_seq_lens == [5, 5, 4]
+
+
+def test_without_the_flag_every_fallback_step_syncs_one_row(env):
+    from sglang.srt.server_args import get_global_server_args
+
+    get_global_server_args().speculative_fallback_deferred_draft_sync = False
+    batch, _ = v2_decode_batch(env, n=3)
+    s = batch.seq_lens.clone()
+    worker = _worker(env)
+    Loop(worker, batch).steps(2)
+
+    first, second = worker._draft_worker.decode_extends
+    assert first.accept_lens.tolist() == [1, 1, 1]
+    assert torch.equal(first.seq_lens, s) and torch.equal(second.seq_lens, s + 1)
+    # The target's hidden state of position s over the whole verify window (one real row).
+    assert first.hidden.view(3, N, AUX_HIDDEN)[:, :, 0].tolist() == [[100.0 + i] * N for i in range(3)]
+
+
+def test_a_catch_up_step_counts_once_and_only_when_speculation_would_run():
+    from sglang.srt.speculative.spec_switch import SpecSwitch, StepKind
+
+    switch, asked = SpecSwitch(disable_batch_size=4, enable_batch_size=2), []
+
+    def behind(answer):
+        return lambda: asked.append(answer) or answer
+
+    assert switch.decide(5, draft_behind=behind(True)) is StepKind.FALLBACK
+    assert asked == [], "an off step does not ask whether the draft is behind"
+    assert switch.decide(2, draft_behind=behind(True)) is StepKind.CATCH_UP
+    assert switch.decide(2, draft_behind=behind(False)) is StepKind.SPECULATIVE
+    assert asked == [True, False]
+    assert (switch.spec_steps, switch.fallback_steps, switch.switches) == (1, 2, 2)
+    assert switch.speculating, "catching up does not switch speculation off"
+
+
+@pytest.mark.parametrize(
+    "flags, env_v2, message",
+    [
+        ({"speculative_fallback_skip_draft_sync": True}, "1", "give one of them"),
+        ({}, "0", "set SGLANG_ENABLE_SPEC_V2=1"),
+    ],
+)
+def test_refused_where_it_cannot_act(monkeypatch, flags, env_v2, message):
+    from sglang_cpu import server_args_with_defaults
+
+    monkeypatch.setenv("SGLANG_ENABLE_SPEC_V2", env_v2)
+    args = server_args_with_defaults()
+    args.speculative_algorithm = "EAGLE3"
+    args.speculative_disable_batch_size = 8
+    args.speculative_fallback_deferred_draft_sync = True
+    for k, v in flags.items():
+        setattr(args, k, v)
+    with pytest.raises(ValueError, match=message):
+        args._handle_speculative_switch()
