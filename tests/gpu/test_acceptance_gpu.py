@@ -91,6 +91,10 @@ def _survivors(ctx: dict[str, Any], worker: str, kind: str) -> list[Survivor]:
     events = [line for line in log.read_text(errors="replace").splitlines() if "spec-switch: speculation" in line]
     assert any("OFF" in e for e in events) and any("ON" in e for e in events), (
         f"expected the switch to go off and back on ({log}): {events[:4]}")
+    if kind == "deferred":
+        caught_up = [line for line in log.read_text(errors="replace").splitlines() if "draft caught up over" in line]
+        assert caught_up, f"{name}: speculation came back without the deferred draft catch-up ({log})"
+        SUMMARY.append(f"[{worker} trained] {caught_up[0].split('spec-switch: ')[-1]}")
     result = []
     for ids, r in zip(ctx["ids"][BURST:], out[BURST:], strict=True):
         meta = r["meta_info"]

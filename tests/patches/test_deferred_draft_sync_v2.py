@@ -11,6 +11,7 @@ forward batch its model would run, and the model's forward is recorded instead o
 from __future__ import annotations
 
 import contextlib
+import logging
 import types
 from dataclasses import dataclass
 
@@ -220,9 +221,10 @@ def test_off_steps_are_plain_decodes_and_the_draft_is_left_behind(env):
     assert worker.spec_switch.fallback_steps == 4
 
 
-def test_the_step_that_turns_speculation_on_extends_target_and_draft_over_the_off_positions(env):
+def test_the_step_that_turns_speculation_on_extends_target_and_draft_over_the_off_positions(env, caplog):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
+    caplog.set_level(logging.INFO, logger="sglang.srt.speculative.eagle_worker_v2")
     batch, reqs = v2_decode_batch(env, n=3)
     s0, first = batch.seq_lens.tolist(), [100 + i for i in range(3)]
     worker = _worker(env)
@@ -267,6 +269,7 @@ def test_the_step_that_turns_speculation_on_extends_target_and_draft_over_the_of
     assert not worker.deferred_draft_sync.owes(batch.get_model_worker_batch())
     assert worker.spec_switch.speculating
     assert (worker.spec_switch.fallback_steps, worker.spec_switch.spec_steps) == (off + 1, 0)
+    assert "spec-switch: draft caught up over 15 positions of 3 requests" in caplog.text
 
 
 def test_past_its_token_budget_the_catch_up_takes_the_last_positions(env):
