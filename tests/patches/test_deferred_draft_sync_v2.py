@@ -52,6 +52,11 @@ def _runner(pools):
         device="cpu",
         server_args=get_global_server_args(),
         model_is_mrope=False,
+        # read from SGLang 0.5.10 on
+        token_to_kv_pool_allocator=pools.allocator,
+        use_ngram_embedding=False,
+        is_hybrid_swa=False,
+        is_draft_worker=False,
     )
 
 
