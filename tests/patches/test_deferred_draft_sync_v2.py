@@ -310,6 +310,29 @@ def test_a_request_prefilled_while_off_catches_up_from_its_own_first_off_step(en
     assert ext.extend_seq_lens == [5, 5, 4]
 
 
+def test_a_grammar_batch_verifies_while_behind_and_drops_the_debt(env):
+    batch, _ = v2_decode_batch(env, n=3)
+    worker = _worker(env)
+    loop = Loop(worker, batch)
+    loop.steps(2)
+    _speculation_comes_back(worker)
+    mwb = batch.get_model_worker_batch()
+    # Grammar batches keep speculating (their state lags a step under overlap).
+    mwb.sampling_info.grammars = [object()] * 3
+
+    class Drafted(Exception):
+        pass
+
+    def draft(_):
+        raise Drafted
+
+    worker._draft_worker.draft = draft
+    with pytest.raises(Drafted):
+        worker.forward_batch_generation(mwb)
+    assert not worker.deferred_draft_sync.owes(mwb), "the verify drafts from its own position on"
+    assert worker._target_worker.step == 2, "no catch-up extend ran"
+
+
 def test_without_the_flag_every_fallback_step_syncs_one_row(env):
     from sglang.srt.server_args import get_global_server_args
 
