@@ -53,6 +53,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--waves", type=_positive, default=None,
                     help="each level sends at least WAVES x concurrency requests (default 3; --quick 1): a level "
                          "of one wave at high concurrency lasts about a second and is noise")
+    ap.add_argument("--repeat", metavar="CONFIG", default=None,
+                    help="serve CONFIG (one of --configs) once more at the end of the run, as CONFIG-again, and "
+                         "report its second/first ratio per level: the run-to-run noise a comparison within the run "
+                         "must beat")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 512 (--quick 128)")
     ap.add_argument("--quick", action="store_true", help="fewer levels, requests and tokens (fits a 10-minute device call)")
     ap.add_argument("--prompts", type=Path, default=None, help=f"prompt file (.jsonl/.json/.txt; default {client.DEFAULT_PROMPTS.name})")

@@ -24,6 +24,7 @@ from bench.configs import (
     Config,
     num_steps,
     parse_configs,
+    repeated,
     write_off_above_tiers,
 )
 from bench.fixtures import FixtureError
@@ -273,6 +274,11 @@ def run(argv: list[str]) -> int:
         raise BenchUsageError(str(e)) from None
     tree = resolve_tree(args.tree)
     cfgs = named or parse_configs(",".join(configs_for_tree(tree)))
+    if args.repeat:
+        try:
+            cfgs.append(repeated(cfgs, args.repeat))
+        except ValueError as e:
+            raise BenchUsageError(str(e)) from None
     out = args.out or PROJECT_ROOT / "build" / "bench" / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     refuse_unsupported(cfgs, tree)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 EAGLE_V1 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
@@ -94,6 +94,18 @@ def parse_configs(text: str) -> list[Config]:
         raise ValueError(f"unknown config(s) {', '.join(bad)}; known: {', '.join(CONFIGS)}")
     # baselines first, so the switch configs can use the recommendation from this run
     return sorted((CONFIGS[n] for n in dict.fromkeys(names)), key=lambda c: c.needs_thresholds)
+
+
+AGAIN = "-again"
+
+
+def repeated(cfgs: list[Config], name: str) -> Config:
+    """The config named `name` in cfgs, served again as NAME-again and compared with its first run."""
+    first = [c for c in cfgs if c.name == name]
+    if not first:
+        raise ValueError(f"--repeat {name}: not one of the run's configs ({', '.join(c.name for c in cfgs)})")
+    return replace(first[0], name=name + AGAIN, compare_to=(name,),
+                   help=f"{name} again, for the run-to-run noise")
 
 
 def num_steps(cfg: Config) -> int:

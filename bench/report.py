@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from bench.analysis import Recommendation, best_of_ratios, recommend, series
-from bench.configs import BASELINE_NOSPEC, BASELINE_SPEC, CONFIGS
+from bench.configs import AGAIN, BASELINE_NOSPEC, BASELINE_SPEC, CONFIGS
 from bench.logparse import decode_throughput_by_batch_size
 from bench.profile import markdown as profile_markdown
 from bench.results import Analysis, ConfigRecord, LevelRecord, RateKey, RunResults
@@ -128,6 +128,7 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
                 "size; count in brackets). It leaves out the client, the HTTP stack and the level's ramp-up "
                 "and tail, so it isolates the cost of a step.", "",
                 *_table(cfgs, levels, "decode_tok_per_s", analysis.decode_ratios), ""]
+    out += _noise_lines(run, analysis)
     out += _recommendation_lines(analysis)
     if run.meta:
         out.append("Run: " + ", ".join(f"{k}={v}" for k, v in sorted(run.meta.items()) if not isinstance(v, (dict, list))))
@@ -146,6 +147,21 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
             out += ([f"- `{name}` at C={p.concurrency}: failed: {p.error}"] if p.summary is None
                     else profile_markdown(name, p.concurrency, p.summary.as_dict()))
     return "\n".join(out) + "\n"
+
+
+def _noise_lines(run: RunResults, analysis: Analysis) -> list[str]:
+    """Each config served twice (--repeat): how far its second run is from its first, per kind of rate."""
+    out = []
+    for name in run.configs:
+        if not name.endswith(AGAIN):
+            continue
+        for label, ratios in (("output tok/s", analysis.ratios), ("decode-step tok/s", analysis.decode_ratios)):
+            rs = list(ratios.get(name, {}).values())
+            if rs:
+                apart = 100 * max(abs(1 - r) for r in rs)
+                out.append(f"- Run-to-run noise, `{name[: -len(AGAIN)]}` served twice: {label} second/first "
+                           f"{min(rs):.2f}-{max(rs):.2f} over the levels (at most {apart:.1f}% apart).")
+    return out + [""] if out else []
 
 
 def _recommendation_lines(analysis: Analysis) -> list[str]:

@@ -186,3 +186,24 @@ def test_per_baseline_recommendations() -> None:
     assert v2.kind == "crossover" and v2.crossover is not None and 5 < v2.crossover < 10
     assert analysis.recommendation is not None and analysis.recommendation.kind == "never"
     assert "`spec-v2` vs nospec (crossover)" in report.markdown(res, analysis)
+
+
+def test_a_repeated_config_reports_the_run_to_run_noise() -> None:
+    from bench.configs import AGAIN, parse_configs, repeated
+
+    cfgs = parse_configs("nospec,spec-v2")
+    again = repeated(cfgs, "nospec")
+    assert again.name == "nospec" + AGAIN and again.compare_to == ("nospec",) and again.flags == cfgs[0].flags
+    with pytest.raises(ValueError, match="--repeat spec: not one of the run's configs"):
+        repeated(cfgs, "spec")
+
+    res = user_results()
+    second = {c: v * (1.03 if c == 30 else 0.99) for c, v in USER_NOSPEC.items()}
+    res.configs[again.name] = ConfigRecord(flags=(), compare_to=again.compare_to, levels=levels(second))
+    analysis = report.analyse(res)
+    assert analysis.ratios[again.name][30] == pytest.approx(1.03)
+    assert analysis.ratios[again.name][1] == pytest.approx(0.99)
+    md = report.markdown(res, analysis)
+    assert "| nospec-again / max(nospec) | 0.99 |" in md
+    assert ("Run-to-run noise, `nospec` served twice: output tok/s second/first 0.99-1.03 over the levels "
+            "(at most 3.0% apart).") in md

@@ -72,3 +72,21 @@ def test_time_budget_skips_a_config_that_could_not_finish() -> None:
     assert "spent" in budget_verdict(300.0, 301.0, [])
     why = budget_verdict(260.0, 190.0, [166.0])  # the gpu-bound-deep run that the device limit cut off
     assert why is not None and "70s of the 260s time budget left" in why and "166s" in why
+
+
+def test_repeat_serves_a_config_again_and_names_a_config_the_run_lacks(tmp_path: Path) -> None:
+    env = {**os.environ, "SGL_BASE_FLAGS": "", "PYTHONPATH": str(ROOT)}
+    base = [sys.executable, "-m", "bench", "--tree", str(FAKE_TREE), "--model", "/fake/t", "--configs", "nospec",
+            "--concurrency", "1,2", "--num-requests", "2", "--max-new-tokens", "4", "--startup-timeout", "60"]
+    p = subprocess.run([*base, "--repeat", "nospec", "--out", str(tmp_path / "ok")], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads((tmp_path / "ok" / "results.json").read_text())
+    assert list(res["configs"]) == ["nospec", "nospec-again"]
+    assert res["configs"]["nospec-again"]["flags"] == res["configs"]["nospec"]["flags"]
+    assert set(res["ratios"]["nospec-again"]) == {"1", "2"}
+    assert "Run-to-run noise, `nospec` served twice" in (tmp_path / "ok" / "results.md").read_text()
+
+    p = subprocess.run([*base, "--repeat", "spec", "--out", str(tmp_path / "bad")], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--repeat spec: not one of the run's configs (nospec)" in p.stderr
