@@ -176,10 +176,13 @@ def _worker(env):
 
 @dataclass
 class Loop:
-    """The overlap loop: the result of the last launched step waits until the next launch."""
+    """The overlap loop: the result of the last launched step waits until the next launch (unless
+    overlap is off for the batch, as the scheduler turns it off for some: then it is processed
+    before the next launch)."""
 
     worker: object
     batch: object
+    overlap: bool = True
     waiting: object = None
 
     def steps(self, n):
@@ -192,6 +195,8 @@ class Loop:
             self.batch.seq_lens = result.next_draft_input.new_seq_lens
             self.process_waiting()
             self.waiting = result
+            if not self.overlap:
+                self.process_waiting()
             self.batch.prepare_for_decode()
         return results
 
@@ -226,14 +231,15 @@ def test_off_steps_are_plain_decodes_and_the_draft_is_left_behind(env):
     assert worker.spec_switch.fallback_steps == 4
 
 
-def test_the_step_that_turns_speculation_on_extends_target_and_draft_over_the_off_positions(env, caplog):
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no-overlap"])
+def test_the_step_that_turns_speculation_on_extends_target_and_draft_over_the_off_positions(env, caplog, overlap):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     caplog.set_level(logging.INFO, logger="sglang.srt.speculative.eagle_worker_v2")
     batch, reqs = v2_decode_batch(env, n=3)
     s0, first = batch.seq_lens.tolist(), [100 + i for i in range(3)]
     worker = _worker(env)
-    loop = Loop(worker, batch)
+    loop = Loop(worker, batch, overlap=overlap)
     off = 5
     loop.steps(off)
     _speculation_comes_back(worker)
