@@ -89,6 +89,8 @@ class _Target:
             seq_lens=mwb.seq_lens.clone(),
             extend_prefix_lens=mwb.extend_prefix_lens,
             extend_seq_lens=mwb.extend_seq_lens,
+            global_num_tokens=mwb.global_num_tokens,
+            is_extend_in_batch=mwb.is_extend_in_batch,
             sampled=tokens,
         ))
         return GenerationBatchResult(
@@ -165,9 +167,8 @@ def _worker(env):
     w.req_to_token_pool = env.req_to_token_pool
     w._target_worker, w._draft_worker = _Target(env), _Draft(env)
     w.spec_switch = SpecSwitch.from_server_args(args)
-    num_slots = env.req_to_token_pool.req_to_token.shape[0]
     w.deferred_draft_sync = (
-        DeferredDraftSyncV2(num_slots, max_catch_up_tokens=4096)
+        DeferredDraftSyncV2(max_catch_up_tokens=4096)
         if args.speculative_fallback_deferred_draft_sync
         else None
     )
@@ -225,8 +226,8 @@ def test_off_steps_are_plain_decodes_and_the_draft_is_left_behind(env):
     target = worker._target_worker
     assert [c.mode for c in target.calls] == [ForwardMode.DECODE] * 4
     assert worker._draft_worker.decode_extends == [] and worker._draft_worker.draft_runner.forwards == []
-    slots = torch.tensor([r.req_pool_idx for r in reqs])
-    assert worker.deferred_draft_sync.stale_from[slots].tolist() == s0, "stale from the first off position"
+    stale_from = worker.deferred_draft_sync.stale_from
+    assert [stale_from[r.rid] for r in reqs] == s0, "stale from the first off position"
     assert worker.deferred_draft_sync.owes(batch.get_model_worker_batch())
     assert worker.spec_switch.fallback_steps == 4
 
@@ -339,6 +340,59 @@ def test_a_grammar_batch_verifies_while_behind_and_drops_the_debt(env):
     assert worker._target_worker.step == 2, "no catch-up extend ran"
 
 
+def test_with_mlp_sync_the_catch_up_carries_its_own_token_counts(env):
+    # An all-to-all MoE backend (or --moe-dense-tp-size 1) syncs every forward's token counts,
+    # which the scheduler sets for the decode it planned; the extend must carry its own, or the
+    # model runner pads its rows down to the decode's count (on a GPU: "negative dimension").
+    batch, _ = v2_decode_batch(env, n=3)
+    worker = _worker(env)
+    loop = Loop(worker, batch)
+    loop.steps(3)
+    _speculation_comes_back(worker)
+    batch.global_num_tokens, batch.global_num_tokens_for_logprob = [3], [3]
+    loop.steps(1)
+
+    ext = worker._target_worker.calls[-1]
+    assert ext.global_num_tokens == [sum(ext.extend_seq_lens)] == [3 * 4]
+    assert ext.is_extend_in_batch
+
+
+def test_requests_that_left_owe_nothing_and_a_start_never_passes_s(env):
+    batch, reqs = v2_decode_batch(env, n=3)
+    worker = _worker(env)
+    loop = Loop(worker, batch)
+    loop.steps(2)
+    sync = worker.deferred_draft_sync
+    loop.process_waiting()
+    batch.filter_batch(keep_indices=[0, 1])  # request 2 finished
+    loop.steps(1)
+    assert set(sync.stale_from) == {reqs[0].rid, reqs[1].rid}
+
+    sync.stale_from[reqs[0].rid] = int(batch.seq_lens_cpu[0]) + 10  # an entry from nowhere
+    mwb = batch.get_model_worker_batch()
+    assert sync.catch_up_starts(mwb)[0] == int(mwb.seq_lens_cpu[0])
+
+
+@pytest.mark.parametrize("model", ["hybrid_swa", "mamba", "mrope"])
+def test_models_whose_state_an_extend_would_corrupt_are_refused(model):
+    from sglang.srt.speculative.spec_switch_v2 import DeferredDraftSyncV2
+
+    from sglang_cpu import server_args_with_defaults
+
+    runner = types.SimpleNamespace(
+        is_hybrid_swa=model == "hybrid_swa",
+        mambaish_config=object() if model == "mamba" else None,
+        model_is_mrope=model == "mrope",
+        model_config=types.SimpleNamespace(hf_config=types.SimpleNamespace(architectures=["SomeModel"])),
+    )
+    with pytest.raises(ValueError, match=r"does not support models with .*\(SomeModel\)"):
+        DeferredDraftSyncV2.for_target(server_args_with_defaults(), runner)
+    plain = types.SimpleNamespace(**{**vars(runner), "is_hybrid_swa": False, "mambaish_config": None,
+                                     "model_is_mrope": False})
+    sync = DeferredDraftSyncV2.for_target(server_args_with_defaults(chunked_prefill_size=2048), plain)
+    assert sync.max_catch_up_tokens == 2048
+
+
 def test_without_the_flag_every_fallback_step_syncs_one_row(env):
     from sglang.srt.server_args import get_global_server_args
 
@@ -377,6 +431,7 @@ def test_a_catch_up_step_counts_once_and_only_when_speculation_would_run():
     [
         ({"speculative_fallback_skip_draft_sync": True}, "1", "give one of them"),
         ({}, "0", "set SGLANG_ENABLE_SPEC_V2=1"),
+        ({"enable_two_batch_overlap": True}, "1", "does not support --enable-two-batch-overlap"),
     ],
 )
 def test_refused_where_it_cannot_act(monkeypatch, flags, env_v2, message):
