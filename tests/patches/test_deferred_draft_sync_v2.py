@@ -215,6 +215,16 @@ def _speculation_comes_back(worker):
     worker.spec_switch.enable_batch_size = worker.spec_switch.disable_batch_size = 3
 
 
+def _off_for(env, steps, overlap=True):
+    """Three requests through `steps` fallback steps, then a load low enough for speculation."""
+    batch, reqs = v2_decode_batch(env, n=3)
+    worker = _worker(env)
+    loop = Loop(worker, batch, overlap=overlap)
+    loop.steps(steps)
+    _speculation_comes_back(worker)
+    return batch, reqs, worker, loop
+
+
 def test_off_steps_are_plain_decodes_and_the_draft_is_left_behind(env):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -237,13 +247,10 @@ def test_the_step_that_turns_speculation_on_extends_target_and_draft_over_the_of
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     caplog.set_level(logging.INFO, logger="sglang.srt.speculative.eagle_worker_v2")
-    batch, reqs = v2_decode_batch(env, n=3)
-    s0, first = batch.seq_lens.tolist(), [100 + i for i in range(3)]
-    worker = _worker(env)
-    loop = Loop(worker, batch, overlap=overlap)
     off = 5
-    loop.steps(off)
-    _speculation_comes_back(worker)
+    batch, reqs, worker, loop = _off_for(env, off, overlap)
+    s0 = [len(r.origin_input_ids) for r in reqs]  # the first off position: right after the prompt
+    first = [100 + i for i in range(3)]  # the prefill's tokens (v2_decode_batch)
     (result,) = loop.steps(1)
 
     target, runner = worker._target_worker, worker._draft_worker.draft_runner
@@ -285,13 +292,9 @@ def test_the_step_that_turns_speculation_on_extends_target_and_draft_over_the_of
 
 
 def test_past_its_token_budget_the_catch_up_takes_the_last_positions(env):
-    batch, _ = v2_decode_batch(env, n=3)
-    s0 = batch.seq_lens.tolist()
-    worker = _worker(env)
+    _, reqs, worker, loop = _off_for(env, 6)
+    s0 = [len(r.origin_input_ids) for r in reqs]
     worker.deferred_draft_sync.max_catch_up_tokens = 3 * 3  # 3 rows per request
-    loop = Loop(worker, batch)
-    loop.steps(6)
-    _speculation_comes_back(worker)
     loop.steps(1)
 
     ext = worker._target_worker.calls[-1]
@@ -318,11 +321,7 @@ def test_a_request_prefilled_while_off_catches_up_from_its_own_first_off_step(en
 
 
 def test_a_grammar_batch_verifies_while_behind_and_drops_the_debt(env):
-    batch, _ = v2_decode_batch(env, n=3)
-    worker = _worker(env)
-    loop = Loop(worker, batch)
-    loop.steps(2)
-    _speculation_comes_back(worker)
+    batch, _, worker, _ = _off_for(env, 2)
     mwb = batch.get_model_worker_batch()
     # Grammar batches keep speculating (their state lags a step under overlap).
     mwb.sampling_info.grammars = [object()] * 3
@@ -344,11 +343,7 @@ def test_with_mlp_sync_the_catch_up_carries_its_own_token_counts(env):
     # An all-to-all MoE backend (or --moe-dense-tp-size 1) syncs every forward's token counts,
     # which the scheduler sets for the decode it planned; the extend must carry its own, or the
     # model runner pads its rows down to the decode's count (on a GPU: "negative dimension").
-    batch, _ = v2_decode_batch(env, n=3)
-    worker = _worker(env)
-    loop = Loop(worker, batch)
-    loop.steps(3)
-    _speculation_comes_back(worker)
+    batch, _, worker, loop = _off_for(env, 3)
     batch.global_num_tokens, batch.global_num_tokens_for_logprob = [3], [3]
     loop.steps(1)
 
