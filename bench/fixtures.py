@@ -18,8 +18,10 @@ prints the folder.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -329,10 +331,21 @@ def _build_synthetic(tmp: Path, params: FixtureParams, quiet: bool) -> dict[str,
     return {"params": dataclasses.asdict(params), "key": params.key(), "vocab": vocab, "pairs": pairs}
 
 
+def writer_tag() -> str:
+    """The folder that keeps the sets one major transformers release wrote. Its checkpoints and
+    tokenizers need not load under another: 5.x saves the fast tokenizer as `TokenizersBackend`,
+    which 4.x cannot import, and one machine can serve release lines of both."""
+    try:
+        version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return "transformers-none"
+    return "transformers-" + version.split(".")[0]
+
+
 def generate(params: AnyParams | None = None, root: Path | None = None, *, quiet: bool = False) -> Fixtures:
     """Build (or reuse) the fixture models; return where they are."""
     params = params or FixtureParams()
-    root = Path(root or os.environ.get("SGL_FIXTURE_DIR") or DEFAULT_ROOT)
+    root = Path(root or os.environ.get("SGL_FIXTURE_DIR") or DEFAULT_ROOT) / writer_tag()
     dest = root / params.key()
     if (dest / DONE).is_file():
         return Fixtures(dest)
@@ -356,6 +369,8 @@ def generate(params: AnyParams | None = None, root: Path | None = None, *, quiet
         os.replace(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the writer's folder, if this was its first set
+            root.rmdir()
         raise
     return Fixtures(dest)
 

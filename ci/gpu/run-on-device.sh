@@ -41,6 +41,8 @@ export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 PYTHONUNBUFFERED=1 SGLANG_TREE=/tm
 # A stand-in cutlass (stub-package:cutlass) passes flashinfer's CuTe-DSL check, whose norm kernels
 # then fail on its placeholders: have flashinfer build its CUDA norm kernels instead.
 [ -d .gpu/stubs/cutlass ] && export FLASHINFER_USE_CUDA_NORM=1
+# A stand-in deep_gemm passes SGLang's DeepGEMM probe (an import), which would then route work to it.
+[ -d .gpu/stubs/deep_gemm ] && export SGLANG_ENABLE_JIT_DEEPGEMM=0
 export SGL_FIXTURE_DIR="${SGL_FIXTURE_DIR:-/tmp/sgl-fixtures}" SGL_TEST_LOG_DIR="$OUT/server-logs"
 log "setup done in $(( $(date +%s) - t0 ))s; python $(python3 -c 'import sys; print(sys.version.split()[0])')"
 nvidia-smi -L 2>&1 | tee "$OUT/gpus.txt" >&2

@@ -58,4 +58,4 @@ def test_exact_and_random_targets_differ_where_they_should(fx: fixtures.Fixtures
 
 def test_the_set_is_cached_by_its_parameters(fx: fixtures.Fixtures, tmp_path: Path) -> None:
     assert fx.root.name == SMALL.key() != KimiParams().key()
-    assert fixtures.generate(SMALL, fx.root.parent, quiet=True).root == fx.root
+    assert fixtures.generate(SMALL, fx.root.parents[1], quiet=True).root == fx.root

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.metadata
 import json
 from pathlib import Path
 from typing import Any
@@ -104,12 +105,25 @@ def test_exact_target_repeats_last_token_and_draft_agrees(fx: fixtures.Fixtures)
 
 
 def test_deterministic_and_cached(fx: fixtures.Fixtures, tmp_path: Path) -> None:
-    again = fixtures.generate(SMALL, fx.root.parent, quiet=True)
+    again = fixtures.generate(SMALL, fx.root.parents[1], quiet=True)
     assert again.root == fx.root  # cache hit: nothing rebuilt
     fresh = fixtures.generate(SMALL, tmp_path, quiet=True)
     assert _digest(fresh.root) == _digest(fx.root), "same parameters must give byte-identical fixtures"
     other = fixtures.FixtureParams(**{**SMALL.__dict__, "seed": SMALL.seed + 1})
     assert other.key() != SMALL.key()
+
+
+def test_sets_are_cached_per_transformers_major(fx: fixtures.Fixtures, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A set 4.x wrote is not served to 5.x (nor the other way): one machine runs lines of both."""
+    import transformers
+
+    assert fx.root.parent.name == "transformers-" + transformers.__version__.split(".")[0]
+    installed = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda name: "99.1.0" if name == "transformers" else installed(name))
+    other = fixtures.generate(SMALL, fx.root.parents[1], quiet=True)
+    assert other.root != fx.root and other.root.parent.name == "transformers-99"
+    assert other.root.name == fx.root.name == SMALL.key()
 
 
 def test_cli_prints_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -194,4 +208,4 @@ def test_a_set_finished_meanwhile_by_another_process_is_kept(tmp_path: Path, mon
     (first, first_inode), = other
     assert mine.root == first.root
     assert (mine.root / "target-exact" / "model.safetensors").stat().st_ino == first_inode
-    assert [p.name for p in tmp_path.iterdir()] == [params.key()]  # no temp folder left
+    assert [p.name for p in (tmp_path / fixtures.writer_tag()).iterdir()] == [params.key()]  # no temp folder left
