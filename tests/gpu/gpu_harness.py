@@ -31,8 +31,6 @@ STARTUP_TIMEOUT = float(os.environ.get("SGL_TEST_STARTUP_TIMEOUT", "900"))
 WORKERS: dict[str, tuple[list[str], dict[str, str]]] = {
     "v1": (EAGLE_V1, {}),
     "v2": (EAGLE_V2, dict(V2_ENV)),
-    # v2 with plain fallback steps, the draft caught up when speculation comes back (0006)
-    "v2d": (EAGLE_V2 + ["--speculative-fallback-deferred-draft-sync"], dict(V2_ENV)),
 }
 GREEDY = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
 # What a reference run asks for, so a divergence's gap can be read off the no-speculation server.

@@ -1,4 +1,4 @@
-"""The deferred draft sync's catch-up on a real GPU (--speculative-fallback-deferred-draft-sync).
+"""The v2 switch's draft catch-up on a real GPU (0006).
 
 The ramp's levels send requests of one length, which finish together, so speculation may come
 back with nobody left behind. Here REQUESTS requests of staggered lengths start at once, above N:
@@ -42,14 +42,14 @@ def _serve(ctx: dict[str, Any], name: str, spec: Any) -> H.Run:
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_speculation_comes_back_with_the_draft_caught_up(ctx: dict[str, Any], variant: str) -> None:
     ref = _serve(ctx, "catch-up-nospec", H.nospec_spec(ctx["models"], H.tp_size()))
-    spec = H.switch_spec(ctx["models"], "v2d", H.tp_size(), extra=VARIANTS[variant])
-    run = _serve(ctx, f"catch-up-v2d-{variant}", spec)
+    spec = H.switch_spec(ctx["models"], "v2", H.tp_size(), extra=VARIANTS[variant])
+    run = _serve(ctx, f"catch-up-v2-{variant}", spec)
     assert not run.errors and not ref.errors, f"requests failed: {(run.errors or ref.errors)[0]} ({run.log_path})"
     assert run.healthy_after, f"the server did not survive the run ({run.log_path})"
     caught_up = [line for line in run.log_text.splitlines() if CATCH_UP in line]
-    SUMMARY.append(f"[v2d {variant}] {caught_up[0].split('spec-switch: ')[-1] if caught_up else 'no catch-up'}; "
+    SUMMARY.append(f"[v2 {variant}] {caught_up[0].split('spec-switch: ')[-1] if caught_up else 'no catch-up'}; "
                    f"counters {run.counters()}")
     assert caught_up, f"speculation came back without a catch-up ({run.log_path})"
     cmp = H.compare(run, ref)
-    SUMMARY.append(f"[v2d {variant}] {cmp.line()}")
+    SUMMARY.append(f"[v2 {variant}] {cmp.line()}")
     assert cmp.equal == cmp.total == REQUESTS, f"outputs differ from no-speculation greedy ones: {cmp.divergences[:2]}"

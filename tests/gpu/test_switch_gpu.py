@@ -24,7 +24,7 @@ def ctx(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
 ref_run, switch_run = H.ref_run, H.switch_run
 
 
-CASES = [pytest.param(w, p, id=f"{w}-{p}") for w in ("v1", "v2", "v2d") for p in ("exact", "random")]
+CASES = [pytest.param(w, p, id=f"{w}-{p}") for w in ("v1", "v2") for p in ("exact", "random")]
 
 
 @pytest.mark.parametrize("worker,pair", CASES)
@@ -72,7 +72,7 @@ def test_greedy_matches_nospec(ctx: dict[str, Any], worker: str, pair: str) -> N
                      f"(chosen token more than {H.TIE_TOL} nats below the target's best, or not in its top-5): first {bad[0]}")
 
 
-@pytest.mark.parametrize("worker", ["v1", "v2", "v2d"])
+@pytest.mark.parametrize("worker", ["v1", "v2"])
 def test_fallback_replays_cuda_graphs(ctx: dict[str, Any], worker: str) -> None:
     run = switch_run(ctx, worker, "exact")
     lines = H.fallback_decode_lines(run, H.DISABLE)

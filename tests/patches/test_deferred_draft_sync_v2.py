@@ -1,5 +1,5 @@
-"""The v2 fallback's draft sync: per step (the default) or deferred to the step that turns
-speculation back on (--speculative-fallback-deferred-draft-sync).
+"""The v2 fallback's draft sync, deferred to the step that turns speculation back on: fallback
+steps leave the draft behind, and that step catches it up in one extend.
 
 Real SGLang objects on CPU, run in the overlap loop's order (launch a step, then process the one
 before it, then prepare the next), so the host lags the device by a step as it does in a server.
@@ -33,7 +33,6 @@ def env(tmp_path, monkeypatch):
         monkeypatch,
         speculative_disable_batch_size=2,
         speculative_enable_batch_size=1,
-        speculative_fallback_deferred_draft_sync=True,
     )
     # A CUDA caching-allocator hint; CPU tensors have no streams to record.
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
@@ -124,8 +123,8 @@ class _DraftRunner:
 
 
 class _Draft:
-    """SGLang's EagleDraftWorker prefill extend on a recorded draft model; the per-step sync's
-    decode extend, which needs the GPU, is recorded instead of run."""
+    """SGLang's EagleDraftWorker prefill extend on a recorded draft model; a decode extend,
+    which needs the GPU and which no fallback step may run, is recorded instead of run."""
 
     def __init__(self, pools):
         from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
@@ -167,11 +166,7 @@ def _worker(env):
     w.req_to_token_pool = env.req_to_token_pool
     w._target_worker, w._draft_worker = _Target(env), _Draft(env)
     w.spec_switch = SpecSwitch.from_server_args(args)
-    w.deferred_draft_sync = (
-        DeferredDraftSyncV2(max_catch_up_tokens=4096)
-        if args.speculative_fallback_deferred_draft_sync
-        else None
-    )
+    w.deferred_draft_sync = DeferredDraftSyncV2(max_catch_up_tokens=4096)
     return w
 
 
@@ -380,28 +375,12 @@ def test_models_whose_state_an_extend_would_corrupt_are_refused(model):
         model_is_mrope=model == "mrope",
         model_config=types.SimpleNamespace(hf_config=types.SimpleNamespace(architectures=["SomeModel"])),
     )
-    with pytest.raises(ValueError, match=r"does not support models with .*\(SomeModel\)"):
+    with pytest.raises(ValueError, match=r"catches the draft up .* do not allow \(SomeModel\)"):
         DeferredDraftSyncV2.for_target(server_args_with_defaults(), runner)
     plain = types.SimpleNamespace(**{**vars(runner), "is_hybrid_swa": False, "mambaish_config": None,
                                      "model_is_mrope": False})
     sync = DeferredDraftSyncV2.for_target(server_args_with_defaults(chunked_prefill_size=2048), plain)
     assert sync.max_catch_up_tokens == 2048
-
-
-def test_without_the_flag_every_fallback_step_syncs_one_row(env):
-    from sglang.srt.server_args import get_global_server_args
-
-    get_global_server_args().speculative_fallback_deferred_draft_sync = False
-    batch, _ = v2_decode_batch(env, n=3)
-    s = batch.seq_lens.clone()
-    worker = _worker(env)
-    Loop(worker, batch).steps(2)
-
-    first, second = worker._draft_worker.decode_extends
-    assert first.accept_lens.tolist() == [1, 1, 1]
-    assert torch.equal(first.seq_lens, s) and torch.equal(second.seq_lens, s + 1)
-    # The target's hidden state of position s over the whole verify window (one real row).
-    assert first.hidden.view(3, N, AUX_HIDDEN)[:, :, 0].tolist() == [[100.0 + i] * N for i in range(3)]
 
 
 def test_a_catch_up_step_counts_once_and_only_when_speculation_would_run():
@@ -421,23 +400,17 @@ def test_a_catch_up_step_counts_once_and_only_when_speculation_would_run():
     assert switch.speculating, "catching up does not switch speculation off"
 
 
-@pytest.mark.parametrize(
-    "flags, env_v2, message",
-    [
-        ({"speculative_fallback_skip_draft_sync": True}, "1", "give one of them"),
-        ({}, "0", "set SGLANG_ENABLE_SPEC_V2=1"),
-        ({"enable_two_batch_overlap": True}, "1", "does not support --enable-two-batch-overlap"),
-    ],
-)
-def test_refused_where_it_cannot_act(monkeypatch, flags, env_v2, message):
+@pytest.mark.parametrize("env_v2, refused", [("1", True), ("0", False)])
+def test_two_batch_overlap_is_refused_with_the_v2_switch(monkeypatch, env_v2, refused):
     from sglang_cpu import server_args_with_defaults
 
     monkeypatch.setenv("SGLANG_ENABLE_SPEC_V2", env_v2)
     args = server_args_with_defaults()
     args.speculative_algorithm = "EAGLE3"
     args.speculative_disable_batch_size = 8
-    args.speculative_fallback_deferred_draft_sync = True
-    for k, v in flags.items():
-        setattr(args, k, v)
-    with pytest.raises(ValueError, match=message):
-        args._handle_speculative_switch()
+    args.enable_two_batch_overlap = True
+    if refused:
+        with pytest.raises(ValueError, match="does not support --enable-two-batch-overlap"):
+            args._handle_speculative_switch()
+    else:
+        args._handle_speculative_switch()  # v1 catches nothing up: its fallback syncs every step

@@ -119,11 +119,9 @@ def test_switch_arguments_are_in_help():
             "--model-path", "m",
             "--speculative-disable-batch-size", "16",
             "--speculative-enable-batch-size", "8",
-            "--speculative-fallback-skip-draft-sync",
         ]
     )
     assert (args.speculative_disable_batch_size, args.speculative_enable_batch_size) == (16, 8)
-    assert args.speculative_fallback_skip_draft_sync is True
     assert "--speculative-disable-batch-size" in parser.format_help()
 
 

@@ -23,13 +23,22 @@ class Speculated(Exception):
     pass
 
 
+def _deferred_draft_sync():
+    """The deferred draft sync's bookkeeping, from the patch after the v2 switch on."""
+    try:
+        from sglang.srt.speculative.spec_switch_v2 import DeferredDraftSyncV2
+    except ImportError:
+        return None
+    return DeferredDraftSyncV2(max_catch_up_tokens=4096)
+
+
 def _worker():
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
     from sglang.srt.speculative.spec_switch import SpecSwitch
 
     worker = object.__new__(EAGLEWorkerV2)
     worker.spec_switch = SpecSwitch(DISABLE, ENABLE)
-    worker.deferred_draft_sync = None  # the opt-in deferred sync (a later patch)
+    worker.deferred_draft_sync = _deferred_draft_sync()
     worker.steps = []
     worker.forward_plain_decode = lambda mwb, **_: worker.steps.append(("plain", len(mwb.seq_lens)))
 

@@ -75,7 +75,7 @@ def assert_plain_decode_step(batch, model_worker_batch, before):
     assert torch.equal(rows.long(), model_worker_batch.out_cache_loc.long())
 
 
-def _fallback_step(batch, sampled, *, sync=True, hidden_width=3 * HIDDEN):
+def _fallback_step(batch, sampled, *, hidden_width=3 * HIDDEN):
     from sglang.srt.speculative.spec_switch import (
         commit_plain_decode_v1,
         prepare_plain_decode_v1,
@@ -90,7 +90,7 @@ def _fallback_step(batch, sampled, *, sync=True, hidden_width=3 * HIDDEN):
     logits_output = _LogitsOutput(hidden_states=hidden)
     unfinished = commit_plain_decode_v1(batch, next_ids, logits_output)
     set_draft_input_after_plain_decode_v1(
-        batch, draft_input, next_ids, hidden if sync else None, unfinished
+        batch, draft_input, next_ids, hidden, unfinished
     )
     return before, unfinished, hidden
 
@@ -220,17 +220,6 @@ def test_finished_requests_leave_the_draft_input_in_order(env):
     batch.filter_batch(v1_spec_info_filtered=True)
     assert [r.rid for r in batch.reqs] == ["a", "d"]
     assert batch.spec_info.verified_id.tolist() == [201, 204]
-
-
-def test_skipping_draft_sync_keeps_a_valid_draft_input(env):
-    reqs = [make_req(f"r{i}", 5) for i in range(3)]
-    batch = prefilled_decode_batch(env, reqs, first_tokens=[100, 101, 102])
-    previous = batch.spec_info
-    _fallback_step(batch, [200, 201, 202], sync=False)
-
-    assert batch.spec_info.verified_id.tolist() == [200, 201, 202]
-    assert torch.equal(batch.spec_info.topk_p, previous.topk_p)
-    assert torch.equal(batch.spec_info.hidden_states, previous.hidden_states)
 
 
 def test_penalties_advance_by_exactly_the_pending_token(env):

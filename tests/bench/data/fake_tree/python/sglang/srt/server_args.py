@@ -6,5 +6,3 @@ speculative_eagle_topk = None
 speculative_num_draft_tokens = None
 speculative_disable_batch_size = None
 speculative_enable_batch_size = None
-speculative_fallback_skip_draft_sync = False
-speculative_fallback_deferred_draft_sync = False
