@@ -80,11 +80,12 @@ def _survivors(ctx: dict[str, Any], worker: str) -> list[Survivor]:
     spec = H.switch_spec(ctx["models"], worker, H.tp_size())
     name = f"reenable-{worker}"
     out, log = _serve(name, spec, ctx, ctx["ids"], [SHORT] * BURST + [LONG] * SURVIVORS)
-    events = [line for line in log.read_text(errors="replace").splitlines() if "spec-switch: speculation" in line]
+    log_lines = log.read_text(errors="replace").splitlines()
+    events = [line for line in log_lines if "spec-switch: speculation" in line]
     assert any("OFF" in e for e in events) and any("ON" in e for e in events), (
         f"expected the switch to go off and back on ({log}): {events[:4]}")
     if worker == "v2":
-        caught_up = [line for line in log.read_text(errors="replace").splitlines() if "draft caught up over" in line]
+        caught_up = [line for line in log_lines if "draft caught up over" in line]
         assert caught_up, f"{name}: speculation came back without the draft catch-up ({log})"
         SUMMARY.append(f"[{worker} trained] {caught_up[0].split('spec-switch: ')[-1]}")
     result = []

@@ -32,8 +32,8 @@ def _fallback(batch, sampled):
     req_to_token = batch.req_to_token_pool.req_to_token
     entry = prepare_plain_decode_v2(mwb, req_to_token)
     result = GenerationBatchResult(next_token_ids=torch.tensor(sampled, dtype=torch.int64))
-    returned = finish_plain_decode_v2(result, entry, NUM_DRAFT_TOKENS)
-    return mwb, entry, result, returned
+    finish_plain_decode_v2(result, entry, NUM_DRAFT_TOKENS)
+    return mwb, entry, result
 
 
 def test_fallback_is_a_plain_decode_on_the_reserved_slots(env):
@@ -45,7 +45,7 @@ def test_fallback_is_a_plain_decode_on_the_reserved_slots(env):
     free = batch.token_to_kv_pool_allocator.available_size()
     pending = batch.spec_info.verified_id.tolist()
 
-    mwb, entry, _, _ = _fallback(batch, [200 + i for i in range(NUM_REQS)])
+    mwb, entry, _ = _fallback(batch, [200 + i for i in range(NUM_REQS)])
 
     assert mwb.forward_mode == ForwardMode.DECODE and mwb.spec_info is None
     assert mwb.capture_hidden_mode == CaptureHiddenMode.FULL
@@ -67,9 +67,8 @@ def test_fallback_result_has_the_verify_layout(env):
     batch, _ = v2_decode_batch(env)
     s = batch.seq_lens.clone()
     sampled = [200 + i for i in range(NUM_REQS)]
-    _, _, result, returned = _fallback(batch, sampled)
+    _, _, result = _fallback(batch, sampled)
 
-    assert returned.tolist() == sampled
     assert result.spec_skipped
     assert result.next_token_ids.shape == (NUM_REQS * NUM_DRAFT_TOKENS,)
     assert result.next_token_ids[::NUM_DRAFT_TOKENS].tolist() == sampled
@@ -185,7 +184,7 @@ def test_future_map_keeps_shapes_and_dtypes_across_a_switch(env):
     spec_indices = future_map.alloc_future_indices(NUM_REQS)
     future_map.store_to_map_for_new_batch(spec_indices, batch.spec_info)
 
-    _, _, result, _ = _fallback(batch, [200 + i for i in range(NUM_REQS)])
+    _, _, result = _fallback(batch, [200 + i for i in range(NUM_REQS)])
     _draft_input_like_draft_extend(result, NUM_REQS)
     fallback_indices = future_map.alloc_future_indices(NUM_REQS)
     future_map.store_to_map(fallback_indices, result)
@@ -223,7 +222,7 @@ def test_one_step_late_processing_across_switches(env):
     assert [r.spec_verify_ct for r in reqs] == [1, 1, 1]
     assert [r.spec_accepted_tokens for r in reqs] == [2, 0, 1]
 
-    _, _, fallback, _ = _fallback(batch, [400, 401, 402])
+    _, _, fallback = _fallback(batch, [400, 401, 402])
     got = scheduler._resolve_spec_overlap_token_ids(fallback, batch)
     assert got == [[400], [401], [402]]
     assert fallback.num_accepted_tokens == 0
@@ -249,7 +248,7 @@ def test_next_decode_after_fallback_reserves_from_the_new_length(env):
 
     batch, reqs = v2_decode_batch(env, n=3)
     scheduler = scheduler_for_output_processing()
-    _, _, fallback, _ = _fallback(batch, [400, 401, 402])
+    _, _, fallback = _fallback(batch, [400, 401, 402])
     scheduler._resolve_spec_overlap_token_ids(fallback, batch)
     # resolve_future hands the next batch the fallback's new lengths.
     batch.seq_lens = fallback.next_draft_input.new_seq_lens
