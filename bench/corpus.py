@@ -65,3 +65,32 @@ def code_corpus(byte_budget: int, root: Path | None = None) -> Corpus:
         raise CorpusError(f"no Python sources under {root}: pass a folder that holds some")
     text = "".join(parts)
     return Corpus(root, tuple(taken), text, hashlib.sha256(text.encode("utf-8")).hexdigest())
+
+
+def code_prompts(text: str, count: int, lines: int = 6, max_chars: int = 400) -> list[str]:
+    """count distinct snippets of text, each up to `lines` whole lines (at most max_chars) starting at
+    a non-blank line, spread evenly over it: prompts in the language a target trained on such text
+    learned, where it should meet fewer near-tied choices than on English prose."""
+    rows = text.splitlines(keepends=True)
+    if count < 1 or lines < 1:
+        raise CorpusError(f"code prompts: count and lines must be at least 1, got {count} and {lines}")
+    stride = max(1, len(rows) // count)
+    out: list[str] = []
+    seen: set[str] = set()
+    for start in range(0, len(rows), stride):
+        first = next((i for i in range(start, min(start + stride, len(rows))) if rows[i].strip()), None)
+        if first is None:
+            continue
+        snippet = ""
+        for row in rows[first : first + lines]:
+            if snippet and len(snippet) + len(row) > max_chars:
+                break
+            snippet += row
+        snippet = snippet[:max_chars]
+        if snippet not in seen:
+            seen.add(snippet)
+            out.append(snippet)
+        if len(out) == count:
+            return out
+    raise CorpusError(f"code prompts: the text gives {len(out)} distinct snippets, fewer than the {count} asked: "
+                      "raise corpus_bytes or lower the count")

@@ -113,6 +113,14 @@ class Fixtures:
             return dict(PAIRS)
         return {k: (v[0], v[1]) for k, v in json.loads(manifest.read_text(encoding="utf-8"))["pairs"].items()}
 
+    def prompts_file(self) -> Path | None:
+        """The prompts the set was made with (the trained set's held-out code), if it has any."""
+        manifest = self.root / "manifest.json"
+        if not manifest.is_file():
+            return None
+        entry = json.loads(manifest.read_text(encoding="utf-8")).get("prompts")
+        return self.root / entry["file"] if entry else None
+
     def pair(self, kind: str) -> tuple[Path, Path]:
         pairs = self.pairs()
         if kind not in pairs:

@@ -14,7 +14,10 @@ with the target often, not always. One set holds:
   pass-through layers up to ``gpu_bound_layers``. With the Llama-3-8B shape a step then reads what
   an 8B model reads, and it captures the same states, so its outputs are the small target's;
 - ``draft-trained``: an EAGLE-3 draft (``bench.eagle3_draft``) trained on those captured states to
-  predict the target's next token, unrolled over the draft steps SGLang runs. It serves both targets.
+  predict the target's next token, unrolled over the draft steps SGLang runs. It serves both targets;
+- ``prompts.jsonl``: code snippets from the held-out end of the corpus, for the greedy-equality
+  tests: text like what the target learned, unlike the benchmark's English coding questions, on
+  which 5 of 479 greedy outputs flipped at near-ties.
 
 ``manifest.json`` records what was made: the corpus digest, the target's loss, the draft's top-1
 agreement per step on held-out text, and how long each phase took. Deterministic from the seed
@@ -33,9 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.corpus import Corpus, code_corpus
+from bench.corpus import Corpus, code_corpus, code_prompts
 
-GENERATOR_VERSION = 2  # 2: blank lines kept in the training text; checkpoints in `dtype`
+GENERATOR_VERSION = 3  # 2: blank lines kept in the training text; checkpoints in `dtype`; 3: prompts.jsonl
+PROMPTS_FILE = "prompts.jsonl"  # code snippets from the held-out text, for the greedy-equality tests
+HELD_OUT_SHARE = 0.02  # the corpus's last tokens, never trained on
 TRAINED_PAIRS = {"trained": ("target-trained", "draft-trained"),
                  "trained-gpu-bound": ("target-trained-gpu-bound", "draft-trained")}
 
@@ -64,6 +69,7 @@ class TrainedParams:
     draft_steps: int = 400
     draft_lr: float = 1e-3
     draft_unroll: int = 3  # draft steps trained (SGLang's --speculative-num-steps)
+    prompt_count: int = 512  # held-out code prompts written beside the checkpoints (the GPU ramp sends 479)
     seed: int = 1234
     device: str = "cuda"
     # The checkpoints' dtype, which SGLang serves them in. float16 rather than bfloat16: three more
@@ -205,13 +211,22 @@ def _held_out(fn: Callable[[Any], Any], ids: Any, params: TrainedParams, span: t
         return [fn(b.to(params.device)) for b in batches(ids, params, n, params.seed + 99, span)]
 
 
+def held_out_span(n_tokens: int) -> tuple[int, int]:
+    return int(n_tokens * (1 - HELD_OUT_SHARE)), n_tokens
+
+
+def write_prompts(path: Path, held_out_text: str, count: int) -> None:
+    rows = [json.dumps({"id": f"held-out-{i:03d}", "prompt": p}) for i, p in enumerate(code_prompts(held_out_text, count))]
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+
+
 def train_pair(params: TrainedParams, ids: Any, vocab: int, quiet: bool) -> tuple[Any, Any, TrainFigures]:
     """Train the target, then the draft on it; returns both and what they reached."""
     from bench.trained_models import new_draft, new_target
 
     _deterministic(params.seed)
-    split = int(len(ids) * 0.98)
-    train, held = (0, split), (split, len(ids))
+    held = held_out_span(len(ids))
+    train = (0, held[0])
     t0 = time.monotonic()
     target = new_target(params, vocab)
     data = (b.to(params.device) for b in batches(ids, params, params.target_steps, params.seed, train))
@@ -258,7 +273,11 @@ def build(tmp: Path, params: TrainedParams, quiet: bool) -> dict[str, Any]:
     corpus = code_corpus(params.corpus_bytes)
     tokdir = tmp / "tokenizer"
     vocab = build_tokenizer(tokdir, params.vocab, corpus.text.splitlines())
-    ids = tokenize(corpus, PreTrainedTokenizerFast.from_pretrained(str(tokdir)))
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tokdir))
+    ids = tokenize(corpus, tokenizer)
+    lo, hi = held_out_span(len(ids))
+    write_prompts(tmp / PROMPTS_FILE, tokenizer.decode(ids[lo:hi].tolist(), clean_up_tokenization_spaces=False),
+                  params.prompt_count)
     t1 = time.monotonic()
     _say(f"corpus: {len(corpus.files)} files, {corpus.size} bytes, {len(ids)} tokens (vocab {vocab}) "
          f"from {corpus.root} in {t1 - t0:.0f}s", quiet)
@@ -274,6 +293,7 @@ def build(tmp: Path, params: TrainedParams, quiet: bool) -> dict[str, Any]:
                                              "draft_expected_accept_length": figures.draft_expected_accept_length},
         "corpus": {"root": str(corpus.root), "files": len(corpus.files), "bytes": corpus.size,
                    "sha256": corpus.digest, "tokens": len(ids)},
+        "prompts": {"file": PROMPTS_FILE, "count": params.prompt_count, "from": "held-out corpus text"},
         "captured_layers": {str(n): captured_layers(n) for n in (params.small_layers, params.gpu_bound_layers) if n},
         "draft_to_target_weights": draft_parameter_count(params, vocab) / parameter_count(params, vocab, reference_layers),
         "seconds": {"corpus_and_tokenizer": t1 - t0, "target": figures.target_seconds,

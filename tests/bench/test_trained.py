@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from bench import fixtures
-from bench.corpus import CorpusError, code_corpus, source_files
+from bench.corpus import CorpusError, code_corpus, code_prompts, source_files
 from bench.trained import TrainedParams, TrainingError, captured_layers
 
 TOY = TrainedParams(hidden=64, heads=4, kv_heads=2, intermediate=128, draft_intermediate=64, vocab=300,
                     corpus_bytes=300_000, seq_len=64, batch=8, target_steps=80, draft_steps=40, target_lr=3e-3,
-                    gpu_bound_layers=12, device="cpu")
+                    gpu_bound_layers=12, prompt_count=16, device="cpu")
 DRAFT_NAMES = {
     "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
     "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight", "midlayer.post_attention_layernorm.weight",
@@ -95,6 +95,33 @@ def test_pass_through_layers_leave_the_outputs_unchanged(fx: fixtures.Fixtures) 
     assert not weights[f"model.layers.{last}.mlp.down_proj.weight"].any()
     assert not weights[f"model.layers.{last}.self_attn.o_proj.weight"].any()
     assert weights["model.layers.0.mlp.down_proj.weight"].any(), "the trained layers are not zero"
+
+
+def test_code_prompts_are_distinct_whole_lines_spread_over_the_text() -> None:
+    text = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(40))
+    got = code_prompts(text, 10, lines=2)
+    assert len(got) == len(set(got)) == 10
+    assert all(p.startswith("def f") and p.endswith("\n") and p.count("\n") == 2 for p in got)
+    assert got[0].startswith("def f0(") and got[-1].startswith("def f36("), "spread over the whole text"
+    capped = code_prompts(text, 3, lines=6, max_chars=20)
+    assert all(len(p) <= 20 and p.endswith("\n") for p in capped) and capped[0] == "def f0(x):\n", "whole lines within the cap"
+    cut = code_prompts(text, 3, max_chars=9)
+    assert all(len(p) == 9 and any(row.startswith(p) for row in text.splitlines()) for p in cut), "a long first line is cut"
+    with pytest.raises(CorpusError, match="fewer than the 50 asked"):
+        code_prompts("a\nb\n" * 20, 50)
+
+
+def test_the_set_holds_held_out_code_prompts(fx: fixtures.Fixtures) -> None:
+    from bench import client
+
+    path = fx.prompts_file()
+    assert path is not None and _manifest(fx)["prompts"]["count"] == TOY.prompt_count
+    prompts = client.load_prompts(path)
+    assert len(set(prompts)) == TOY.prompt_count and all(p.strip() for p in prompts)
+    corpus = code_corpus(TOY.corpus_bytes)
+    tail = corpus.text[int(len(corpus.text) * 0.9) :]  # the held-out 2% of tokens lies well inside the last 10% of text
+    assert all(p in tail for p in prompts), "every prompt is held-out text"
+    assert fixtures.Fixtures(fx.root / "tokenizer").prompts_file() is None, "a set without a manifest has none"
 
 
 def test_draft_checkpoint_is_what_sglang_loads(fx: fixtures.Fixtures) -> None:

@@ -70,9 +70,16 @@ class FixtureSets:
                 SUMMARY.append("trained fixtures: " + trained_summary(fx.root))
         return self._sets[preset]
 
+    def _set_of(self, kind: str) -> Any:
+        return self.get(next((p for p in ("trained", "kimi") if kind.startswith(p)), "tiny"))
+
     def pair(self, kind: str) -> tuple[Path, Path]:
-        preset = next((p for p in ("trained", "kimi") if kind.startswith(p)), "tiny")
-        return self.get(preset).pair(kind)
+        return self._set_of(kind).pair(kind)
+
+    def prompts(self, kind: str) -> list[str] | None:
+        """The set's own prompts, or None where the ramp's shared ones serve."""
+        path = self._set_of(kind).prompts_file()
+        return client.load_prompts(path) if path else None
 
 
 def trained_summary(root: Path) -> str:
@@ -136,14 +143,25 @@ def nospec_spec(models: Models, tp: int, extra: list[str] | None = None) -> Serv
     return ServerSpec(models.target, None, tp, common_flags() + (extra or []))
 
 
-def ramp_prompts(levels: list[int] = RAMP) -> list[list[str]]:
-    """Distinct prompts per request across the whole ramp, grouped by level."""
-    base = client.load_prompts()
+def ramp_prompts(levels: list[int] = RAMP, base: list[str] | None = None) -> list[list[str]]:
+    """Distinct prompts per request across the whole ramp, grouped by level: the shared prompts
+    numbered ("Request k. ..."), or base as it is (it must hold one prompt per request)."""
+    numbered = base is None
+    base = client.load_prompts() if base is None else base
+    if not numbered and len(set(base)) < sum(levels):
+        raise ValueError(f"{len(set(base))} distinct prompts for a ramp of {sum(levels)} requests")
     out, k = [], 0
     for c in levels:
-        out.append([f"Request {k + i}. {base[(k + i) % len(base)]}" for i in range(c)])
+        out.append([f"Request {k + i}. {base[(k + i) % len(base)]}" if numbered else base[k + i] for i in range(c)])
         k += c
     return out
+
+
+def groups_for(ctx: dict[str, Any], pair: str) -> list[list[str]]:
+    """The ramp for this pair: the fixture set's own prompts where it has them (the trained target
+    learned code, so its ramp is held-out code), else the shared ones."""
+    own = None if os.environ.get("SGL_TEST_MODEL") else ctx["fx"].prompts(pair)
+    return ctx["groups"] if own is None else ramp_prompts(base=own)
 
 
 @dataclass
@@ -216,7 +234,7 @@ def _backend(backend: str | None) -> tuple[list[str], str]:
 def ref_run(ctx: dict[str, Any], pair: str, backend: str | None = None) -> Run:
     """The no-speculation server on the whole ramp (once per session, pair and backend)."""
     models = models_for(pair, ctx["fx"])
-    flat = [p for g in ctx["groups"] for p in g]
+    flat = [p for g in groups_for(ctx, pair) for p in g]
     flags, suffix = _backend(backend)
     return once(f"ref-{pair}{suffix}", lambda: reference(f"nospec-{pair}{suffix}", models, ctx["tree"], ctx["logs"],
                                                          flat, tp_size(), flags))
@@ -230,7 +248,7 @@ def _worker_run(ctx: dict[str, Any], prefix: str, make_spec: Callable[..., Serve
     flags, suffix = _backend(backend)
     spec = make_spec(models, worker, tp_size(), extra=flags)
     name = f"{prefix}-{worker}-{pair}{suffix}"
-    return once(name, lambda: run_server(name, spec, ctx["tree"], ctx["logs"], ctx["groups"], GREEDY))
+    return once(name, lambda: run_server(name, spec, ctx["tree"], ctx["logs"], groups_for(ctx, pair), GREEDY))
 
 
 def switch_run(ctx: dict[str, Any], worker: str, pair: str, backend: str | None = None) -> Run:
@@ -279,7 +297,7 @@ class Comparison:
 
     def line(self) -> str:
         gaps = [d["gap"] for d in self.divergences if d["gap"] is not None]
-        s = f"greedy match {self.equal}/{self.total} ({100 * self.rate:.1f}%)"
+        s = f"greedy match {self.equal}/{self.total} ({100 * self.rate:.2f}%)"
         if self.skipped:
             s += f" ({self.skipped} failed requests left out)"
         if self.divergences:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench.client import Result
 
 import gpu_harness as H
@@ -54,3 +56,12 @@ def test_accepted_drafts_are_read_under_either_releases_name() -> None:
     assert H.accepted_drafts({"spec_verify_ct": 8, "spec_accept_token_num": 24}) == 24
     assert H.accepted_drafts({"spec_verify_ct": 8, "spec_num_correct_drafts": 24, "spec_accepted_drafts": 24}) == 24
     assert H.accepted_drafts({"completion_tokens": 32}) == 0  # no speculation
+
+
+def test_a_fixture_sets_own_prompts_make_the_ramp_as_they_are() -> None:
+    own = [f"def f{i}():\n" for i in range(sum(H.RAMP))]
+    groups = H.ramp_prompts(base=own)
+    assert [len(g) for g in groups] == H.RAMP and [p for g in groups for p in g] == own
+    assert all(p.startswith("Request ") for g in H.ramp_prompts() for p in g), "the shared prompts are numbered"
+    with pytest.raises(ValueError, match="distinct prompts"):
+        H.ramp_prompts(base=own[:-1] + own[:1])
