@@ -48,6 +48,7 @@ from bench.server import (
     TreeError,
     base_flags,
     check_tree,
+    missing_environ,
     missing_server_args,
     resolve_tree,
 )
@@ -154,10 +155,13 @@ def refuse_unsupported(cfgs: list[Config], tree: Path) -> None:
     """Every config's flags must exist in the tree's SGLang (ours need the series, upstream's 0.5.11+)."""
     problems = [f"{c.name} needs {', '.join('--' + n.replace('_', '-') for n in missing)}"
                 for c in cfgs if (missing := missing_server_args(tree, c.server_args_needed()))]
+    problems += [f"{c.name} needs {', '.join(missing)} (environment)"
+                 for c in cfgs if (missing := missing_environ(tree, list(c.env_needed)))]
     if problems:
         raise BenchUsageError(f"the SGLang in {tree} lacks what these configs need: {'; '.join(problems)}. "
                               "Leave them out of --configs, or point --tree at a tree that has them (the "
-                              "switch configs need this series' v0.5.9 line; adaptive-* need SGLang 0.5.11+).")
+                              "switch configs need this series' v0.5.9 line; adaptive-* need SGLang 0.5.11+, "
+                              "adaptive-v2-off-skip 0.5.14+).")
 
 
 def run_config(cfg: Config, settings: RunSettings, target: RunTarget, results: RunResults) -> None:

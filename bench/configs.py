@@ -13,6 +13,7 @@ EAGLE_V2 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
 EAGLE_V1_S2 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "2",
                "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"]
 V2_ENV = {"SGLANG_ENABLE_SPEC_V2": "1"}
+SKIP_ZERO_STEP_DRAFT_EXTEND = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Config:
     # runs 0 steps above (bench.cli writes it from the thresholds)
     adaptive_tiers: bool = False
     since: str = ""  # the SGLang release whose flags the config needs ("": this series' v0.5.9 line)
+    env_needed: tuple[str, ...] = ()  # variables of its env the tree's SGLang must declare (environ.py)
 
     @property
     def speculative(self) -> bool:
@@ -65,6 +67,13 @@ CONFIGS: dict[str, Config] = {c.name: c for c in [
     Config("adaptive-v2-off", EAGLE_V2 + ["--speculative-adaptive"], adaptive_tiers=True,
            compare_to=("nospec", "spec-v2"), baseline="spec-v2", since="v0.5.11",
            help="upstream --speculative-adaptive with a tier file: 3 steps up to N, 0 above (SGLang 0.5.11+)"),
+    # The same with upstream's switch that leaves the draft out of a steps=0 batch: the cheapest
+    # steps=0 step upstream has, at the cost of a stale draft after it (0.5.14+).
+    Config("adaptive-v2-off-skip", EAGLE_V2 + ["--speculative-adaptive"],
+           {SKIP_ZERO_STEP_DRAFT_EXTEND: "1"}, adaptive_tiers=True, compare_to=("nospec", "spec-v2"),
+           baseline="spec-v2", since="v0.5.14", env_needed=(SKIP_ZERO_STEP_DRAFT_EXTEND,),
+           help=f"adaptive-v2-off with {SKIP_ZERO_STEP_DRAFT_EXTEND}=1: no draft extend in a steps=0 batch "
+                "(SGLang 0.5.14+)"),
     Config("spec-s2", EAGLE_V1_S2, help="reduced: v1, topk 1, 2 steps, 3 draft tokens"),
     Config("switch-s2", EAGLE_V1_S2, switch=True, compare_to=("nospec", "spec-s2"), baseline="spec-s2",
            help="reduced v1 speculation with the switch"),

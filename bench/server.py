@@ -86,6 +86,12 @@ def missing_server_args(tree: Path, names: list[str]) -> list[str]:
     return [n for n in names if not re.search(rf"\b{re.escape(n)}\b", text)]
 
 
+def missing_environ(tree: Path, names: list[str]) -> list[str]:
+    """Those of the environment variables that the tree's SGLang does not declare (srt/environ.py)."""
+    text = _srt_text(tree, "environ.py")
+    return [n for n in names if not re.search(rf"\b{re.escape(n)}\b", text)]
+
+
 def cuda_graph_max_bs_flag(tree: Path) -> str:
     """The flag that caps decode CUDA graph batch sizes: 0.5.15 renamed it (keeping the old name
     deprecated), 0.5.23 no longer accepts the old one."""

@@ -61,7 +61,9 @@ def test_adaptive_configs_are_v2_with_thresholds_after_the_baselines() -> None:
     off = CONFIGS["adaptive-v2-off"]
     assert off.needs_thresholds and not off.switch and "--speculative-adaptive" in off.flags
     assert "speculative_adaptive_config" in off.server_args_needed()
-    assert {c.name for c in CONFIGS.values() if c.since} == {"adaptive-v2", "adaptive-v2-off"}
+    assert {c.name for c in CONFIGS.values() if c.since} == {"adaptive-v2", "adaptive-v2-off", "adaptive-v2-off-skip"}
+    skip = CONFIGS["adaptive-v2-off-skip"]
+    assert skip.flags == off.flags and skip.adaptive_tiers and skip.env == {**off.env, **dict.fromkeys(skip.env_needed, "1")}
 
 
 def test_configs_the_tree_cannot_run_are_refused_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -77,3 +79,17 @@ def test_configs_the_tree_cannot_run_are_refused_by_name(tmp_path: Path, capsys:
     assert cli.main(["--configs", "switch-v2,adaptive-v2", "--tree", str(upstream), "--out", out]) == 2
     err = capsys.readouterr().err
     assert "switch-v2 needs --speculative-disable-batch-size" in err and "adaptive-v2" not in err.split("needs")[0]
+
+
+def test_a_config_whose_environment_switch_the_tree_lacks_is_refused(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    fields = "speculative_adaptive: bool = False\nspeculative_adaptive_config = None\n"
+    before, after = _tree(tmp_path / "0.5.13", fields), _tree(tmp_path / "0.5.15", fields)
+    (after / "python" / "sglang" / "srt" / "environ.py").write_text(
+        "class Envs:\n    SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND = EnvBool(False)\n")
+    out = str(tmp_path / "out")
+    assert cli.main(["--configs", "nospec,adaptive-v2-off,adaptive-v2-off-skip", "--tree", str(before), "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert "adaptive-v2-off-skip needs SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND (environment)" in err
+    assert "adaptive-v2-off needs" not in err and "0.5.14" in err
+    cli.refuse_unsupported([CONFIGS["adaptive-v2-off-skip"]], after)  # declared there: accepted
