@@ -26,6 +26,7 @@ _EVENT = re.compile(r"speculation\s+(?P<dir>OFF|ON)\s+at\s+bs\s*=\s*(?P<bs>\d+)"
 _DECODE = re.compile(r"Decode batch\b.*?#running-req:\s*(?P<bs>\d+)", re.I)
 _GRAPH = re.compile(r"cuda graph:\s*(?P<g>True|False)", re.I)
 _GEN = re.compile(r"gen throughput \(token/s\):\s*(?P<t>[\d.]+)", re.I)
+_ACCEPT_LEN = re.compile(r"accept len:\s*(?P<a>[\d.]+)", re.I)
 _CAPTURE_BS = re.compile(r"Capture cuda graph bs \[(?P<bs>[\d,\s]*)\]")
 _CAPTURE_END = re.compile(r"Capture (?P<plain>plain-decode )?cuda graph\b.*?\bend\b.*?Time elapsed:\s*(?P<s>[\d.]+)\s*s"
                           r".*?mem usage=\s*(?P<gb>[-\d.]+)\s*GB")
@@ -64,6 +65,8 @@ class DecodeLine:
     # Those steps were all decodes at this batch size: no prefill ran since the previous decode
     # line, which had the same batch size.
     steady: bool = False
+    # Tokens per request per verify step over those steps (accepted drafts + 1), on speculative servers.
+    accept_len: float | None = None
 
 
 @dataclass
@@ -131,12 +134,14 @@ def parse_log(text: str) -> dict[int, RankLog]:
         if d_m:
             g = _GRAPH.search(line)
             t = _GEN.search(line)
+            a = _ACCEPT_LEN.search(line)
             on = own_state if own_state is not None else state.get(r)
             bs = int(d_m.group("bs"))
             steady = bool(rl.decode) and rl.decode[-1].batch_size == bs and r not in prefilled
             prefilled.discard(r)
             rl.decode.append(DecodeLine(r, bs, _bool(g.group("g")) if g else None, on, line,
-                                        float(t.group("t")) if t else None, steady))
+                                        float(t.group("t")) if t else None, steady,
+                                        float(a.group("a")) if a else None))
         if own_state is not None:
             state[r] = own_state
     return ranks

@@ -53,6 +53,7 @@ def test_parse_log() -> None:
     assert r1.counters is not None and r1.counters.switches == 1
     states = [(d.batch_size, d.spec_on, d.cuda_graph) for d in r0.decode]
     assert states == [(4, True, True), (12, False, True), (30, False, False), (3, True, True)]
+    assert [d.accept_len for d in r0.decode] == [3.90, None, None, None]
 
 
 def test_parse_metrics() -> None:

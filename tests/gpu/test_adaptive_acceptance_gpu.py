@@ -1,0 +1,74 @@
+"""Acceptance after a high-load period under upstream's --speculative-adaptive (SGLang 0.5.11+; the
+skip case 0.5.14+), for the comparison with our switch on the lines that have it.
+
+reenable.py's load on a server whose tier file speculates 3 steps up to a batch of DISABLE and none
+above: upstream's way to say "off above N". Upstream counts a steps=0 step as a verify step of each
+request in it, so a request's own counters cannot tell the kinds apart; the decode log can: with
+--decode-log-interval 1 each line covers one step, with that step's accept length, and once the
+burst has finished the batch holds SURVIVORS or fewer, so every step is a 3-step one. With the
+draft extend that upstream runs in a steps=0 step, the survivors must accept ACCEPT_FLOOR of an
+always-speculating server on the same text; with SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1 the
+draft falls behind while off, and the test reports what that costs.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.configs import SKIP_ZERO_STEP_DRAFT_EXTEND, write_off_above_tiers
+from bench.server import ServerSpec, missing_environ, missing_server_args
+
+import gpu_harness as H
+import reenable as R
+from gpu_harness import SUMMARY
+
+pytestmark = pytest.mark.gpu
+STEPS = 3  # the v2 worker's --speculative-num-steps in the harness
+CASES = {"kept": {}, "skip": {SKIP_ZERO_STEP_DRAFT_EXTEND: "1"}}
+
+
+@pytest.fixture(scope="module")
+def ctx(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
+    if missing_server_args(sgl_tree, ["speculative_adaptive", "speculative_adaptive_config"]):
+        pytest.skip(f"the SGLang in {sgl_tree} has no --speculative-adaptive (0.5.11+)")
+    return R.trained_context(sgl_tree, log_dir, fixture_models)
+
+
+def adaptive_spec(ctx: dict[str, Any], env: dict[str, str]) -> ServerSpec:
+    tiers = write_off_above_tiers(ctx["logs"] / "reenable-adaptive-tiers.json", H.DISABLE, STEPS)
+    flags, worker_env = H.WORKERS["v2"]
+    adaptive = ["--speculative-adaptive", "--speculative-adaptive-config", str(tiers)]
+    return ServerSpec(ctx["models"].target, ctx["models"].draft, H.tp_size(), H.common_flags() + flags + adaptive,
+                      {**worker_env, **env})
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_acceptance_after_a_high_load_period(ctx: dict[str, Any], case: str) -> None:
+    env = CASES[case]
+    if missing_environ(ctx["tree"], list(env)):
+        pytest.skip(f"the SGLang in {ctx['tree']} does not read {', '.join(env)} (0.5.14+)")
+    name = f"reenable-adaptive-{case}"
+    out, log = R.serve(name, adaptive_spec(ctx, env), ctx, ctx["ids"], R.burst_lengths())
+    text = log.read_text(errors="replace")
+    switches = [line.split("Switch adaptive runtime state: ")[-1] for line in text.splitlines()
+                if "Switch adaptive runtime state" in line]
+    assert any("-> 0" in s for s in switches) and any(f"-> {STEPS}" in s for s in switches), (
+        f"{name}: expected the tiers to turn speculation off and back on ({log}): {switches[:4]}")
+    survivors = out[R.BURST :]
+    assert all(len(r["output_ids"]) == R.LONG for r in survivors), f"{name}: a survivor stopped early ({log})"
+    seen = R.after_burst(text, log)
+    got = seen.accept_len - 1
+    want = R.reference(ctx, f"{name}-always-spec", H.always_spec(ctx["models"], "v2", H.tp_size()),
+                       [ids + list(r["output_ids"])[: seen.before] for ids, r in zip(ctx["ids"][R.BURST :], survivors,
+                                                                                    strict=True)],
+                       [R.LONG - seen.before] * R.SURVIVORS)
+    SUMMARY.append(f"[adaptive {case} trained] after the burst: {got:.3f} accepted drafts per verify step (accept length "
+                   f"{seen.accept_len:.2f}, {seen.steps} steps) against {want:.3f} ({1 + want:.2f}) always speculating on "
+                   f"the same text: ratio {got / want if want else float('nan'):.3f}; about {seen.before} tokens each "
+                   f"before; state switches {len(switches)}")
+    assert want > 0, "the always-speculating reference accepted no draft token: the trained draft is broken"
+    if case == "kept":
+        assert got >= R.ACCEPT_FLOOR * want, (f"upstream's steps=0 with its draft extend: the survivors accept {got:.3f} "
+                                            f"drafts per verify, below {R.ACCEPT_FLOOR} x the reference's {want:.3f}")
