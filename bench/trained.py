@@ -216,7 +216,8 @@ def held_out_span(n_tokens: int) -> tuple[int, int]:
 
 
 def write_prompts(path: Path, held_out_text: str, count: int) -> None:
-    rows = [json.dumps({"id": f"held-out-{i:03d}", "prompt": p}) for i, p in enumerate(code_prompts(held_out_text, count))]
+    whole_lines = held_out_text[held_out_text.find("\n") + 1 :]  # the split falls inside a line
+    rows = [json.dumps({"id": f"held-out-{i:03d}", "prompt": p}) for i, p in enumerate(code_prompts(whole_lines, count))]
     path.write_text("\n".join(rows) + "\n", encoding="utf-8")
 
 
