@@ -157,6 +157,13 @@ def ramp_prompts(levels: list[int] = RAMP, base: list[str] | None = None) -> lis
     return out
 
 
+def pair_flags(pair: str) -> list[str]:
+    """Flags every server of this pair gets, reference and speculative alike. The trained pair's
+    greedy divergences sat at exact float16 logit ties (gaps of 0 and one float16 step, 2^-7):
+    logits in float32 leave those to the hidden states' own rounding."""
+    return ["--enable-fp32-lm-head"] if pair.startswith("trained") else []
+
+
 def groups_for(ctx: dict[str, Any], pair: str) -> list[list[str]]:
     """The ramp for this pair: the fixture set's own prompts where it has them (the trained target
     learned code, so its ramp is held-out code), else the shared ones."""
@@ -236,6 +243,7 @@ def ref_run(ctx: dict[str, Any], pair: str, backend: str | None = None) -> Run:
     models = models_for(pair, ctx["fx"])
     flat = [p for g in groups_for(ctx, pair) for p in g]
     flags, suffix = _backend(backend)
+    flags += pair_flags(pair)
     return once(f"ref-{pair}{suffix}", lambda: reference(f"nospec-{pair}{suffix}", models, ctx["tree"], ctx["logs"],
                                                          flat, tp_size(), flags))
 
@@ -246,7 +254,7 @@ def _worker_run(ctx: dict[str, Any], prefix: str, make_spec: Callable[..., Serve
     and backend); prefix names its log."""
     models = models_for(pair, ctx["fx"])
     flags, suffix = _backend(backend)
-    spec = make_spec(models, worker, tp_size(), extra=flags)
+    spec = make_spec(models, worker, tp_size(), extra=flags + pair_flags(pair))
     name = f"{prefix}-{worker}-{pair}{suffix}"
     return once(name, lambda: run_server(name, spec, ctx["tree"], ctx["logs"], groups_for(ctx, pair), GREEDY))
 
