@@ -107,18 +107,19 @@ class Fixtures:
     def path(self, name: str) -> Path:
         return self.root / name
 
-    def pairs(self) -> dict[str, tuple[str, str]]:
+    def _manifest(self) -> dict[str, Any] | None:
         manifest = self.root / "manifest.json"
-        if not manifest.is_file():
+        return json.loads(manifest.read_text(encoding="utf-8")) if manifest.is_file() else None
+
+    def pairs(self) -> dict[str, tuple[str, str]]:
+        manifest = self._manifest()
+        if manifest is None:
             return dict(PAIRS)
-        return {k: (v[0], v[1]) for k, v in json.loads(manifest.read_text(encoding="utf-8"))["pairs"].items()}
+        return {k: (v[0], v[1]) for k, v in manifest["pairs"].items()}
 
     def prompts_file(self) -> Path | None:
         """The prompts the set was made with (the trained set's held-out code), if it has any."""
-        manifest = self.root / "manifest.json"
-        if not manifest.is_file():
-            return None
-        entry = json.loads(manifest.read_text(encoding="utf-8")).get("prompts")
+        entry = (self._manifest() or {}).get("prompts")
         return self.root / entry["file"] if entry else None
 
     def pair(self, kind: str) -> tuple[Path, Path]:

@@ -80,16 +80,18 @@ def tree_has_switch(tree: Path) -> bool:
     return PATCH_MARKER in _server_args_text(tree)
 
 
+def _undeclared(text: str, names: list[str]) -> list[str]:
+    return [n for n in names if not re.search(rf"\b{re.escape(n)}\b", text)]
+
+
 def missing_server_args(tree: Path, names: list[str]) -> list[str]:
     """Those of the ServerArgs fields that the tree's SGLang does not declare."""
-    text = _server_args_text(tree)
-    return [n for n in names if not re.search(rf"\b{re.escape(n)}\b", text)]
+    return _undeclared(_server_args_text(tree), names)
 
 
 def missing_environ(tree: Path, names: list[str]) -> list[str]:
     """Those of the environment variables that the tree's SGLang does not declare (srt/environ.py)."""
-    text = _srt_text(tree, "environ.py")
-    return [n for n in names if not re.search(rf"\b{re.escape(n)}\b", text)]
+    return _undeclared(_srt_text(tree, "environ.py"), names)
 
 
 def cuda_graph_max_bs_flag(tree: Path) -> str:

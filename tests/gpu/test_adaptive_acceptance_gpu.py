@@ -12,6 +12,7 @@ draft falls behind while off, and the test reports what that costs.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +38,11 @@ def ctx(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
 
 
 def adaptive_spec(ctx: dict[str, Any], env: dict[str, str]) -> ServerSpec:
+    """The always-speculating v2 server, with upstream's adaptive mode and the "off above N" tiers."""
     tiers = write_off_above_tiers(ctx["logs"] / "reenable-adaptive-tiers.json", H.DISABLE, STEPS)
-    flags, worker_env = H.WORKERS["v2"]
-    adaptive = ["--speculative-adaptive", "--speculative-adaptive-config", str(tiers)]
-    return ServerSpec(ctx["models"].target, ctx["models"].draft, H.tp_size(), H.common_flags() + flags + adaptive,
-                      {**worker_env, **env})
+    spec = H.always_spec(ctx["models"], "v2", H.tp_size(),
+                         extra=["--speculative-adaptive", "--speculative-adaptive-config", str(tiers)])
+    return dataclasses.replace(spec, env={**spec.env, **env})
 
 
 @pytest.mark.parametrize("case", list(CASES))
