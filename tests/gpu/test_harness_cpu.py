@@ -65,3 +65,11 @@ def test_a_fixture_sets_own_prompts_make_the_ramp_as_they_are() -> None:
     assert all(p.startswith("Request ") for g in H.ramp_prompts() for p in g), "the shared prompts are numbered"
     with pytest.raises(ValueError, match="distinct prompts"):
         H.ramp_prompts(base=own[:-1] + own[:1])
+
+
+def test_float32_logits_only_for_the_generated_trained_pair(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SGL_TEST_MODEL", raising=False)
+    assert H.pair_flags("trained") == H.pair_flags("trained-gpu-bound") == ["--enable-fp32-lm-head"]
+    assert H.pair_flags("exact") == H.pair_flags("kimi-random") == []
+    monkeypatch.setenv("SGL_TEST_MODEL", "/models/user")
+    assert H.pair_flags("trained") == []
