@@ -2,20 +2,51 @@
 # `make`'s set-up step: create .venv and install ci/requirements.txt into it, when .venv is missing
 # or the requirements changed since it was installed (their sha256 is kept in .venv). pip does the
 # work, so the user's own index configuration (PIP_INDEX_URL, pip.conf, netrc) applies.
-#   bash ci/bootstrap-venv.sh [REQUIREMENTS VENV]: another environment, e.g. a release line's
-#   (lines/<ref>/requirements.txt into .venv-<ref>: the SGLang release and the packages it imports).
+#   bash ci/bootstrap-venv.sh [REQUIREMENTS VENV]: a release line's environment on top of .venv,
+#     e.g. lines/<ref>/requirements.txt into .venv-<ref>. It holds only what the line pins otherwise
+#     (its SGLang release imports another transformers) and sees the rest in .venv through a .pth
+#     file: torch with its CUDA libraries takes about 6 GB, and once is enough.
 #   BOOTSTRAP_PYTHON: the Python that creates .venv (default: the first of python3.11, python3.12,
 #                     python3.13, python3 on PATH; 3.11 or newer)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+base=.venv
 req=${1:-ci/requirements.txt}
-venv=${2:-.venv}
+venv=${2:-$base}
 [ -f "$req" ] || { echo "setup: $req does not exist" >&2; exit 2; }
-stamp=$venv/.requirements.sha256
-want=$(sha256sum "$req" | cut -d' ' -f1)
-if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+
+install() {  # install REQUIREMENTS into VENV, stamp it with DIGEST; NOTE for the first line
+  echo "[setup] installing $1 into $2$4"
+  if ! "$2/bin/python" -m pip install --quiet --disable-pip-version-check -r "$1"; then
+    echo "setup: pip could not install $1 into $2 (no network, no package index reachable, or no disk space?)." >&2
+    echo "  pip's own configuration applies (PIP_INDEX_URL, pip.conf); or run make with PYTHON=<a Python that has them>." >&2
+    exit 2
+  fi
+  echo "$3" > "$2/.requirements.sha256"
+  echo "[setup] $2 is ready"
+}
+
+current() {  # is VENV there, stamped with DIGEST?
+  [ -x "$1/bin/python" ] && [ "$(cat "$1/.requirements.sha256" 2>/dev/null)" = "$2" ]
+}
+
+if [ "$venv" != "$base" ]; then
+  # A line's layer: .venv first, then the line's pins over it (restamped when either changes).
+  bash ci/bootstrap-venv.sh
+  want=$(cat "$req" "$base/.requirements.sha256" | sha256sum | cut -d' ' -f1)
+  current "$venv" "$want" && exit 0
+  if [ ! -x "$venv/bin/python" ]; then
+    echo "[setup] creating $venv over $base"
+    "$base/bin/python" -m venv "$venv"
+  fi
+  site_of() { "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+  site_of "$base" > "$(site_of "$venv")/_base_venv.pth"
+  install "$req" "$venv" "$want" ""
   exit 0
 fi
+
+want=$(sha256sum "$req" | cut -d' ' -f1)
+current "$venv" "$want" && exit 0
 if [ ! -x "$venv/bin/python" ]; then
   py=${BOOTSTRAP_PYTHON:-}
   if [ -z "$py" ]; then
@@ -34,11 +65,4 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "[setup] creating $venv with $py ($("$py" -V 2>&1))"
   "$py" -m venv "$venv"
 fi
-echo "[setup] installing $req into $venv (the first time takes minutes: torch is large)"
-if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req"; then
-  echo "setup: pip could not install $req into $venv (no network, or no package index reachable?)." >&2
-  echo "  pip's own configuration applies (PIP_INDEX_URL, pip.conf); or run make with PYTHON=<a Python that has them>." >&2
-  exit 2
-fi
-echo "$want" > "$stamp"
-echo "[setup] $venv is ready"
+install "$req" "$venv" "$want" " (the first time takes minutes: torch is large)"

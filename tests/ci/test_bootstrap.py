@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,3 +56,34 @@ def test_pip_runs_only_when_the_requirements_changed(tmp_path: Path) -> None:
     assert calls.read_text() == "-m pip install --quiet --disable-pip-version-check -r ci/requirements.txt\n"
     new_digest = hashlib.sha256((root / "ci/requirements.txt").read_bytes()).hexdigest()
     assert (root / ".venv/.requirements.sha256").read_text().strip() == new_digest
+
+
+def _site_packages(venv: Path) -> Path:
+    out = subprocess.run([str(venv / "bin/python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
+
+
+def test_a_line_environment_sees_the_base_one_and_follows_its_changes(tmp_path: Path) -> None:
+    root = _project(tmp_path)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / ".venv")], check=True)
+    digest = hashlib.sha256((root / "ci/requirements.txt").read_bytes()).hexdigest()
+    (root / ".venv/.requirements.sha256").write_text(digest + "\n")
+    (_site_packages(root / ".venv") / "only_in_base.py").write_text("WHERE = 'base'\n")
+    (root / "lines/v9").mkdir(parents=True)
+    (root / "lines/v9/requirements.txt").write_text("# nothing the base lacks\n")
+    line = ["bash", "ci/bootstrap-venv.sh", "lines/v9/requirements.txt", ".venv-v9"]
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    res = subprocess.run(line, cwd=root, capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+    assert "[setup] creating .venv-v9 over .venv" in res.stdout
+    seen = subprocess.run([str(root / ".venv-v9/bin/python"), "-c", "import only_in_base, sys; print(only_in_base.WHERE, sys.prefix)"],
+                          capture_output=True, text=True, check=True)
+    assert seen.stdout.split() == ["base", str(root / ".venv-v9")]
+    res = subprocess.run(line, cwd=root, capture_output=True, text=True, env=env)
+    assert res.returncode == 0 and res.stdout == ""
+    (root / "ci/requirements.txt").write_text("pytest\n# changed\n")  # as if .venv was brought up to date
+    (root / ".venv/.requirements.sha256").write_text(
+        hashlib.sha256((root / "ci/requirements.txt").read_bytes()).hexdigest() + "\n")
+    res = subprocess.run(line, cwd=root, capture_output=True, text=True, env=env)
+    assert res.returncode == 0 and "[setup] installing lines/v9/requirements.txt into .venv-v9" in res.stdout
