@@ -120,6 +120,25 @@ def export_tree(project: Project, tree: Path, force: bool = False) -> ExportOutc
     """Write the tree's commits to patches/. Refuses (unless force) to overwrite a patch file edited
     since the last apply or refresh, which the tree does not hold."""
     repo = Git(tree)
+    base, head, commits = _linear_commits(repo, tree)
+    series_names = read_series(project.series_path).names
+    names = _match_names(repo, commits, series_names, project)
+    _check_against_series(names, series_names)
+    edited = _edited_since_sync(repo, base, project, series_names)
+    if edited and not force:
+        _refuse_edited(project, repo, edited, dict(zip(names, commits, strict=False)))
+    dirty = repo.dirty_paths()
+    if dirty:
+        say(f"warning: uncommitted changes in {tree} are not exported: {', '.join(dirty[:5])}")
+    outcome = _write_patches(project, repo, commits, names, series_names)
+    if outcome.added:
+        append_to_series(project.series_path, list(outcome.added))
+    repo.update_ref(APPLIED_REF, head)
+    return outcome
+
+
+def _linear_commits(repo: Git, tree: Path) -> tuple[str, str, list[str]]:
+    """The base, the head and the commits between them of a tree `make apply` built."""
     if not repo.is_repo() or not repo.rev(BASE_REF):
         raise ToolError(f"{tree} is not a tree built by `make apply` (no {BASE_REF}); run `make apply` first")
     if repo.operation_in_progress():
@@ -131,8 +150,10 @@ def export_tree(project: Project, tree: Path, force: bool = False) -> ExportOutc
     commits = repo.commits(base, head)
     if any(len(repo.out("rev-list", "--parents", "-1", c).split()) > 2 for c in commits):
         raise ToolError("the tree's history has merge commits; a series is linear: rebase them away first")
-    series_names = read_series(project.series_path).names
-    names = _match_names(repo, commits, series_names, project)
+    return base, head, commits
+
+
+def _check_against_series(names: list[str | None], series_names: list[str]) -> None:
     unmatched = [n for n in series_names if n not in names]
     if unmatched:
         raise SeriesError(
@@ -146,20 +167,22 @@ def export_tree(project: Project, tree: Path, force: bool = False) -> ExportOutc
             "the tree's commits are in a different order than series: reorder the lines in series to "
             f"match ({', '.join(order)}) and run refresh again. Nothing was written."
         )
-    edited = _edited_since_sync(repo, base, project, series_names)
-    if edited and not force:
-        by_name = dict(zip(names, commits, strict=False))
-        raise ToolError(
-            "patch files edited since the tree was last applied or refreshed: " + ", ".join(edited)
-            + "".join(f"\n  {n}: " + _hunk_change(project.patches_dir / n, export_commit(repo, by_name[n]))
-                      for n in edited if n in by_name)
-            + "\nRefreshing would overwrite those edits with the tree's commits. Put the edit in the tree "
-            "(a header: `git commit --amend` there; or `make apply FORCE=1` to rebuild the tree from "
-            "patches/), or refresh with FORCE=1 to discard it. Nothing was written."
-        )
-    dirty = repo.dirty_paths()
-    if dirty:
-        say(f"warning: uncommitted changes in {tree} are not exported: {', '.join(dirty[:5])}")
+
+
+def _refuse_edited(project: Project, repo: Git, edited: list[str], by_name: dict[str | None, str]) -> None:
+    raise ToolError(
+        "patch files edited since the tree was last applied or refreshed: " + ", ".join(edited)
+        + "".join(f"\n  {n}: " + _hunk_change(project.patches_dir / n, export_commit(repo, by_name[n]))
+                  for n in edited if n in by_name)
+        + "\nRefreshing would overwrite those edits with the tree's commits. Put the edit in the tree "
+        "(a header: `git commit --amend` there; or `make apply FORCE=1` to rebuild the tree from "
+        "patches/), or refresh with FORCE=1 to discard it. Nothing was written."
+    )
+
+
+def _write_patches(project: Project, repo: Git, commits: list[str], names: list[str | None],
+                   series_names: list[str]) -> ExportOutcome:
+    """Each commit's patch text into patches/: under its series name, or a new numbered one."""
     texts = [export_commit(repo, c) for c in commits]
     written, unchanged, added = [], [], []
     taken = set(series_names) | {p.name for p in project.patches_dir.glob("*.patch")}
@@ -167,14 +190,7 @@ def export_tree(project: Project, tree: Path, force: bool = False) -> ExportOutc
     next_number = _next_number(series_names)
     for c, name, text in zip(commits, names, texts, strict=False):
         if name is None:
-            base_name = slug(repo.subject(c))
-            if next_number is not None:
-                base_name, next_number = f"{next_number:04d}-{base_name}", next_number + 1
-            name, k = base_name, 2
-            while name in taken:
-                name = base_name[: -len(".patch")] + f"-{k}.patch"
-                k += 1
-            taken.add(name)
+            name, next_number = _new_name(slug(repo.subject(c)), next_number, taken)
             added.append(name)
         for prob in parse_patch_text(text, name).header_problems():
             say(f"warning: {prob} (edit the commit message: `git commit --amend` in the tree)")
@@ -184,10 +200,20 @@ def export_tree(project: Project, tree: Path, force: bool = False) -> ExportOutc
             continue
         path.write_bytes(text.encode("utf-8", "surrogateescape"))
         written.append(name)
-    if added:
-        append_to_series(project.series_path, added)
-    repo.update_ref(APPLIED_REF, head)
     return ExportOutcome(tuple(written), tuple(unchanged), tuple(added))
+
+
+def _new_name(base_name: str, next_number: int | None, taken: set[str]) -> tuple[str, int | None]:
+    """A file name for a commit series does not know yet (numbered after the last entry when
+    series numbers its patches), unique among taken, which it joins."""
+    if next_number is not None:
+        base_name, next_number = f"{next_number:04d}-{base_name}", next_number + 1
+    name, k = base_name, 2
+    while name in taken:
+        name = base_name[: -len(".patch")] + f"-{k}.patch"
+        k += 1
+    taken.add(name)
+    return name, next_number
 
 
 def reexport_diff(repo: Git, commits: list[str], paths: list[Path]) -> list[str]:

@@ -185,29 +185,7 @@ def run_rebase(project: Project, new_ref: str, *, check: bool = False, drop: boo
         print(f"rebase to {new_ref} abandoned; nothing in the project was changed")
         return 0
     patches = load_patches(project, strict_unused=False)
-    if cont:
-        repo = Git(path)
-        state = State.load(repo) if path.exists() else None
-        if state is None:
-            raise ToolError(f"no rebase to {new_ref} in progress")
-        if repo.operation_in_progress():
-            res = repo.run("am", "--continue", check=False, fixed_ident=True)
-            if res.returncode != 0:
-                raise ToolError(
-                    f"git am --continue failed in {path}:\n{(res.stderr or res.stdout).strip()}\n"
-                    "(if upstream already has the change, `git am --skip` there, then CONTINUE=1 again)"
-                )
-        outs = list(state.outcomes)
-        if outs and outs[-1].status is RebaseStatus.CONFLICT:
-            last = outs[-1]
-            if state.conflict_head and repo.head() == state.conflict_head:  # `git am --skip`
-                outs[-1] = PatchOutcome(last.name, RebaseStatus.UPSTREAM,
-                                        "resolved to nothing by hand (git am --skip): " + last.detail)
-            else:
-                outs[-1] = PatchOutcome(last.name, RebaseStatus.RESOLVED, last.detail)
-        state = state.with_outcomes(outs)
-    else:
-        repo, state = _start(project, new_ref, patches)
+    repo, state = _resume(path, new_ref) if cont else _start(project, new_ref, patches)
     state = _run_patches(repo, state, patches, check)
     outcomes = list(state.outcomes)
     stopped = outcomes and outcomes[-1].status is RebaseStatus.CONFLICT and not check
@@ -239,3 +217,28 @@ def run_rebase(project: Project, new_ref: str, *, check: bool = False, drop: boo
         return 1 if conflicts else 0
     print(_finish(project, repo, state, outcomes, drop))
     return 0
+
+
+def _resume(path: Path, new_ref: str) -> tuple[Git, State]:
+    """The stopped rebase after the user resolved (or skipped) its conflict: the conflicted patch's
+    outcome records which of the two it was."""
+    repo = Git(path)
+    state = State.load(repo) if path.exists() else None
+    if state is None:
+        raise ToolError(f"no rebase to {new_ref} in progress")
+    if repo.operation_in_progress():
+        res = repo.run("am", "--continue", check=False, fixed_ident=True)
+        if res.returncode != 0:
+            raise ToolError(
+                f"git am --continue failed in {path}:\n{(res.stderr or res.stdout).strip()}\n"
+                "(if upstream already has the change, `git am --skip` there, then CONTINUE=1 again)"
+            )
+    outs = list(state.outcomes)
+    if outs and outs[-1].status is RebaseStatus.CONFLICT:
+        last = outs[-1]
+        if state.conflict_head and repo.head() == state.conflict_head:  # `git am --skip`
+            outs[-1] = PatchOutcome(last.name, RebaseStatus.UPSTREAM,
+                                    "resolved to nothing by hand (git am --skip): " + last.detail)
+        else:
+            outs[-1] = PatchOutcome(last.name, RebaseStatus.RESOLVED, last.detail)
+    return repo, state.with_outcomes(outs)
