@@ -188,11 +188,11 @@ def _write_target(out: Path, p: KimiParams, vocab: int, media_pad_id: int, exact
 
 def build(tmp: Path, p: KimiParams, quiet: bool) -> dict[str, Any]:
     """The Kimi-shaped set into tmp; returns the manifest."""
-    from bench import fixtures
+    from bench import fixtures, tokenizer
 
     tokdir = tmp / "tokenizer"
-    vocab = fixtures.build_tokenizer(tokdir, p.vocab, fixtures._corpus(p.seed), extra_special=[MEDIA_PAD])
-    media_pad_id = len(fixtures.SPECIAL_TOKENS)
+    vocab = tokenizer.build_tokenizer(tokdir, p.vocab, tokenizer.tokenizer_text(p.seed), extra_special=[MEDIA_PAD])
+    media_pad_id = len(tokenizer.SPECIAL_TOKENS)
     draft = fixtures.FixtureParams(hidden=p.hidden, heads=p.draft_heads, kv_heads=p.draft_kv_heads,
                                    intermediate=p.draft_intermediate, max_positions=p.max_positions,
                                    init_std=p.init_std, lm_head_scale=p.lm_head_scale)
@@ -204,5 +204,5 @@ def build(tmp: Path, p: KimiParams, quiet: bool) -> dict[str, Any]:
         target_embed = _write_target(tmp / f"target-kimi-{kind}", p, vocab, media_pad_id, exact, seed)
         embed = target_embed if exact else embed
         fixtures.build_draft(tmp / f"draft-kimi-{kind}", draft, vocab, embed, exact, seed + 2)
-    fixtures.copy_tokenizer(tokdir, tmp, KIMI_PAIRS)
+    tokenizer.copy_tokenizer(tokdir, tmp, KIMI_PAIRS)
     return {"params": dataclasses.asdict(p), "key": p.key(), "kind": "kimi", "vocab": vocab, "pairs": KIMI_PAIRS}

@@ -250,7 +250,7 @@ def train_pair(params: TrainedParams, ids: Any, vocab: int, quiet: bool) -> tupl
 
 def write_set(tmp: Path, params: TrainedParams, target: Any, draft: Any, vocab: int, tokdir: Path) -> None:
     """The checkpoints SGLang loads, each with the tokenizer beside it."""
-    from bench.fixtures import copy_tokenizer
+    from bench.tokenizer import copy_tokenizer
     from bench.trained_models import extended_state, write_draft, write_target
 
     trained = target.state_dict()
@@ -266,7 +266,7 @@ def build(tmp: Path, params: TrainedParams, quiet: bool) -> dict[str, Any]:
     """Corpus, tokenizer, training and checkpoints into tmp; returns the manifest."""
     from transformers import PreTrainedTokenizerFast
 
-    from bench.fixtures import build_tokenizer
+    from bench.tokenizer import build_tokenizer
     from bench.trained_models import draft_parameter_count, parameter_count
 
     params.check()
