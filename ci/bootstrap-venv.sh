@@ -40,11 +40,17 @@ if [ "$venv" != "$base" ]; then
   bash ci/bootstrap-venv.sh
   want=$(cat "$req" "$base/.requirements.sha256" | sha256sum | cut -d' ' -f1)
   current "$venv" "$want" && exit 0
+  site_of() { "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+  if [ -x "$venv/bin/python" ] && [ ! -f "$(site_of "$venv")/_base_venv.pth" ]; then
+    # Made before lines were layered: it holds a whole copy of .venv's packages. Nothing in it is
+    # the user's (the set-up step made it), so it is made again, over .venv.
+    echo "[setup] $venv holds its own copy of every package; making it again over $base"
+    rm -rf "$venv"
+  fi
   if [ ! -x "$venv/bin/python" ]; then
     echo "[setup] creating $venv over $base"
     "$base/bin/python" -m venv "$venv"
   fi
-  site_of() { "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
   site_of "$base" > "$(site_of "$venv")/_base_venv.pth"
   install "$req" "$venv" "$want" ""
   exit 0

@@ -64,26 +64,51 @@ def _site_packages(venv: Path) -> Path:
     return Path(out.stdout.strip())
 
 
-def test_a_line_environment_sees_the_base_one_and_follows_its_changes(tmp_path: Path) -> None:
-    root = _project(tmp_path)
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / ".venv")], check=True)
+def _stamp_base(root: Path) -> None:
+    """Mark .venv as set up for the current ci/requirements.txt."""
     digest = hashlib.sha256((root / "ci/requirements.txt").read_bytes()).hexdigest()
     (root / ".venv/.requirements.sha256").write_text(digest + "\n")
-    (_site_packages(root / ".venv") / "only_in_base.py").write_text("WHERE = 'base'\n")
+
+
+def _project_with_line(tmp_path: Path) -> Path:
+    """A project whose .venv is set up (a real one, without pip) and a line v9 that pins nothing more."""
+    root = _project(tmp_path)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / ".venv")], check=True)
+    _stamp_base(root)
     (root / "lines/v9").mkdir(parents=True)
     (root / "lines/v9/requirements.txt").write_text("# nothing the base lacks\n")
-    line = ["bash", "ci/bootstrap-venv.sh", "lines/v9/requirements.txt", ".venv-v9"]
-    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
-    res = subprocess.run(line, cwd=root, capture_output=True, text=True, env=env)
+    return root
+
+
+def _set_up_line(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "ci/bootstrap-venv.sh", "lines/v9/requirements.txt", ".venv-v9"], cwd=root,
+                          capture_output=True, text=True, env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})
+
+
+def test_a_line_environment_sees_the_base_one_and_follows_its_changes(tmp_path: Path) -> None:
+    root = _project_with_line(tmp_path)
+    (_site_packages(root / ".venv") / "only_in_base.py").write_text("WHERE = 'base'\n")
+    res = _set_up_line(root)
     assert res.returncode == 0, res.stderr
     assert "[setup] creating .venv-v9 over .venv" in res.stdout
     seen = subprocess.run([str(root / ".venv-v9/bin/python"), "-c", "import only_in_base, sys; print(only_in_base.WHERE, sys.prefix)"],
                           capture_output=True, text=True, check=True)
     assert seen.stdout.split() == ["base", str(root / ".venv-v9")]
-    res = subprocess.run(line, cwd=root, capture_output=True, text=True, env=env)
+    res = _set_up_line(root)
     assert res.returncode == 0 and res.stdout == ""
     (root / "ci/requirements.txt").write_text("pytest\n# changed\n")  # as if .venv was brought up to date
-    (root / ".venv/.requirements.sha256").write_text(
-        hashlib.sha256((root / "ci/requirements.txt").read_bytes()).hexdigest() + "\n")
-    res = subprocess.run(line, cwd=root, capture_output=True, text=True, env=env)
+    _stamp_base(root)
+    res = _set_up_line(root)
     assert res.returncode == 0 and "[setup] installing lines/v9/requirements.txt into .venv-v9" in res.stdout
+
+
+def test_a_line_environment_with_its_own_copy_of_everything_is_made_again_over_the_base(tmp_path: Path) -> None:
+    root = _project_with_line(tmp_path)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / ".venv-v9")], check=True)
+    (_site_packages(root / ".venv-v9") / "old_copy.py").write_text("")
+    res = _set_up_line(root)
+    assert res.returncode == 0, res.stderr
+    assert "[setup] .venv-v9 holds its own copy of every package; making it again over .venv" in res.stdout
+    site = _site_packages(root / ".venv-v9")
+    assert (site / "_base_venv.pth").read_text().strip() == str(_site_packages(root / ".venv"))
+    assert not (site / "old_copy.py").exists()
