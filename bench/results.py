@@ -27,22 +27,29 @@ kept (`extra`) at the top level, in a config and in a level, and written back; i
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from bench.analysis import Recommendation
 from bench.logparse import Counters, GraphSet
 from bench.profile import ProfileSummary
+from bench.results_fields import (
+    Fields,
+    ResultsError,
+    check_extra,
+    graph_set,
+    int_key,
+    ranked_row,
+    ratios_from,
+    ratios_json,
+    recommendation,
+    str_map,
+)
 
 ANALYSIS_KEYS = ("recommendation", "recommendations", "ratios", "decode_ratios")
 RateKey = Literal["tok_per_s", "decode_tok_per_s"]
-T = TypeVar("T")
-
-
-class ResultsError(ValueError):
-    """A results.json that does not have the layout above."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,7 @@ class SwitchCounters:
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> SwitchCounters:
-        r = _Fields(data, where)
+        r = Fields(data, where)
         out = cls(r.integer("spec_steps"), r.integer("fallback_steps"), r.integer("switches"))
         r.closed()
         return out
@@ -91,7 +98,7 @@ class LevelRecord:
     def __post_init__(self) -> None:
         if self.decode_lines is None and self.decode_tok_per_s is not None:
             raise ValueError("decode_tok_per_s without decode_lines")
-        _check_extra(self, self.extra)
+        check_extra(self, self.extra)
 
     def rate(self, key: RateKey) -> float | None:
         return self.tok_per_s if key == "tok_per_s" else self.decode_tok_per_s
@@ -108,7 +115,7 @@ class LevelRecord:
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> LevelRecord:
-        r = _Fields(data, where)
+        r = Fields(data, where)
         counters = r.get("counters")
         decode_lines = r.opt(r.integer, "decode_lines")
         if decode_lines is None and r.has("decode_tok_per_s"):
@@ -144,13 +151,13 @@ class ProfileRecord:
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> ProfileRecord:
-        r = _Fields(data, where)
+        r = Fields(data, where)
         c = r.integer("concurrency")
         if r.has("error"):
             out = cls(c, error=r.text("error"))
         else:
             def ranked(key: str) -> list[tuple[str, float, int]]:
-                return [_ranked_row(row, f"{where}.{key}[{i}]") for i, row in enumerate(r.items(key))]
+                return [ranked_row(row, f"{where}.{key}[{i}]") for i, row in enumerate(r.items(key))]
 
             out = cls(c, ProfileSummary(
                 window_ms=r.number("window_ms"), gpu_busy_ms=r.number("gpu_busy_ms"),
@@ -183,7 +190,7 @@ class ConfigRecord:
     def __post_init__(self) -> None:
         if self.flags is None and (self.env or self.compare_to or self.levels):
             raise ValueError("a config without flags has no env, compare_to or levels either")
-        _check_extra(self, self.extra)
+        check_extra(self, self.extra)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -205,7 +212,7 @@ class ConfigRecord:
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> ConfigRecord:
-        r = _Fields(data, where)
+        r = Fields(data, where)
         setup = [k for k in ("flags", "env", "compare_to", "levels") if r.has(k)]
         if setup and len(setup) < 4:
             raise ResultsError(f"{where}: has {', '.join(map(repr, setup))} but not all of "
@@ -213,13 +220,13 @@ class ConfigRecord:
         profile = r.opt(r.get, "profile")
         return cls(
             flags=r.texts("flags") if setup else None,
-            env=_str_map(r.get("env"), f"{where}.env") if setup else {},
+            env=str_map(r.get("env"), f"{where}.env") if setup else {},
             compare_to=r.texts("compare_to") if setup else (),
             levels=tuple(LevelRecord.from_json(lv, f"{where}.levels[{i}]") for i, lv in enumerate(r.items("levels")))
             if setup else (),
             startup_s=r.opt(r.number, "startup_s"),
             profile=None if profile is None else ProfileRecord.from_json(profile, f"{where}.profile"),
-            graph_sets=tuple(_graph_set(g, f"{where}.graph_sets[{i}]") for i, g in enumerate(r.items("graph_sets")))
+            graph_sets=tuple(graph_set(g, f"{where}.graph_sets[{i}]") for i, g in enumerate(r.items("graph_sets")))
             if r.has("graph_sets") else None,
             log_counters=_by_rank(r.get("log_counters"), f"{where}.log_counters") if r.has("log_counters") else None,
             failed=r.opt(r.text, "failed"), extra=r.rest())
@@ -238,7 +245,7 @@ class RunResults:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_extra(self, self.extra, ANALYSIS_KEYS)
+        check_extra(self, self.extra, ANALYSIS_KEYS)
 
     def to_json(self, analysis: Analysis | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"meta": dict(self.meta),
@@ -250,9 +257,9 @@ class RunResults:
     @classmethod
     def from_json(cls, data: Any, where: str = "results") -> RunResults:
         """The run as recorded; its analysis keys are left out (`Analysis.from_json` reads them)."""
-        r = _Fields(data, where)
-        meta = _Fields(r.get("meta"), f"{where}.meta").data if r.has("meta") else {}
-        configs = _Fields(r.get("configs"), f"{where}.configs").data
+        r = Fields(data, where)
+        meta = Fields(r.get("meta"), f"{where}.meta").data if r.has("meta") else {}
+        configs = Fields(r.get("configs"), f"{where}.configs").data
         r.read.update(ANALYSIS_KEYS)
         return cls(meta=dict(meta),
                    configs={name: ConfigRecord.from_json(c, f"{where}.configs[{name!r}]") for name, c in configs.items()},
@@ -270,22 +277,22 @@ class Analysis:
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {} if self.recommendation is None else {"recommendation": self.recommendation.as_dict()}
         out["recommendations"] = {name: r.as_dict() for name, r in self.recommendations.items()}
-        out["ratios"] = _ratios_json(self.ratios)
-        out["decode_ratios"] = _ratios_json(self.decode_ratios)
+        out["ratios"] = ratios_json(self.ratios)
+        out["decode_ratios"] = ratios_json(self.decode_ratios)
         return out
 
     @classmethod
     def from_json(cls, data: Any, where: str = "results") -> Analysis:
         """The analysis stored in a results.json object (an absent key reads as none; the run's keys are not read)."""
-        r = _Fields(data, where)
+        r = Fields(data, where)
         rec = r.opt(r.get, "recommendation")
         recs = r.opt(r.get, "recommendations") or {}
         return cls(
-            recommendation=None if rec is None else _recommendation(rec, f"{where}.recommendation"),
-            recommendations={name: _recommendation(v, f"{where}.recommendations[{name!r}]")
-                             for name, v in _Fields(recs, f"{where}.recommendations").data.items()},
-            ratios=_ratios_from(r.opt(r.get, "ratios") or {}, f"{where}.ratios"),
-            decode_ratios=_ratios_from(r.opt(r.get, "decode_ratios") or {}, f"{where}.decode_ratios"))
+            recommendation=None if rec is None else recommendation(rec, f"{where}.recommendation"),
+            recommendations={name: recommendation(v, f"{where}.recommendations[{name!r}]")
+                             for name, v in Fields(recs, f"{where}.recommendations").data.items()},
+            ratios=ratios_from(r.opt(r.get, "ratios") or {}, f"{where}.ratios"),
+            decode_ratios=ratios_from(r.opt(r.get, "decode_ratios") or {}, f"{where}.decode_ratios"))
 
 
 def read_results(path: Path) -> tuple[RunResults, Analysis]:
@@ -297,135 +304,7 @@ def read_results(path: Path) -> tuple[RunResults, Analysis]:
         raise ResultsError(f"{path}: {e}") from None
 
 
-def _check_extra(record: Any, extra: Mapping[str, Any], reserved: tuple[str, ...] = ()) -> None:
-    """Extra keys are the JSON keys no field stands for: none may shadow a field."""
-    known = {f.name for f in fields(record) if f.name != "extra"} | set(reserved)
-    clash = sorted(known & set(extra))
-    if clash:
-        raise ValueError(f"extra keys {clash} are fields of {type(record).__name__}")
-
-
-class _Fields:
-    """One JSON object's fields, read by type; every error names the object. `rest()`: the keys not read."""
-
-    def __init__(self, data: Any, where: str) -> None:
-        if not isinstance(data, dict):
-            raise ResultsError(f"{where}: expected an object, got {type(data).__name__}")
-        self.data: dict[str, Any] = data
-        self.where = where
-        self.read: set[str] = set()
-
-    def has(self, key: str) -> bool:
-        return key in self.data
-
-    def get(self, key: str) -> Any:
-        self.read.add(key)
-        if key not in self.data:
-            raise ResultsError(f"{self.where}: no {key!r}")
-        return self.data[key]
-
-    def opt(self, parse: Callable[[str], T], key: str) -> T | None:
-        """parse(key) when the key is there, else None (a null is parsed like any other value)."""
-        self.read.add(key)
-        return parse(key) if key in self.data else None
-
-    def nullable(self, parse: Callable[[str], T], key: str) -> T | None:
-        """parse(key) of a key that must be there and may be null."""
-        return None if self.get(key) is None else parse(key)
-
-    def integer(self, key: str) -> int:
-        v = self.get(key)
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise ResultsError(f"{self.where}.{key}: expected an integer, got {v!r}")
-        return v
-
-    def number(self, key: str) -> float:
-        v = self.get(key)
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
-            raise ResultsError(f"{self.where}.{key}: expected a number, got {v!r}")
-        return float(v)
-
-    def text(self, key: str) -> str:
-        v = self.get(key)
-        if not isinstance(v, str):
-            raise ResultsError(f"{self.where}.{key}: expected a string, got {v!r}")
-        return v
-
-    def items(self, key: str) -> list[Any]:
-        v = self.get(key)
-        if not isinstance(v, list):
-            raise ResultsError(f"{self.where}.{key}: expected a list, got {type(v).__name__}")
-        return v
-
-    def texts(self, key: str) -> tuple[str, ...]:
-        v = self.items(key)
-        if not all(isinstance(x, str) for x in v):
-            raise ResultsError(f"{self.where}.{key}: expected a list of strings, got {v!r}")
-        return tuple(v)
-
-    def rest(self) -> dict[str, Any]:
-        return {k: v for k, v in self.data.items() if k not in self.read}
-
-    def closed(self) -> None:
-        unknown = self.rest()
-        if unknown:
-            raise ResultsError(f"{self.where}: unknown key(s) {', '.join(map(repr, unknown))}")
-
-
-def _str_map(data: Any, where: str) -> dict[str, str]:
-    r = _Fields(data, where)
-    return {k: r.text(k) for k in r.data}
-
-
-def _int_key(key: str, where: str) -> int:
-    try:
-        return int(key)
-    except ValueError:
-        raise ResultsError(f"{where}: key {key!r} is not an integer") from None
-
-
 def _by_rank(data: Any, where: str) -> dict[int, SwitchCounters | None]:
-    r = _Fields(data, where)
-    return {_int_key(k, where): None if v is None else SwitchCounters.from_json(v, f"{where}[{k!r}]")
+    r = Fields(data, where)
+    return {int_key(k, where): None if v is None else SwitchCounters.from_json(v, f"{where}[{k!r}]")
             for k, v in r.data.items()}
-
-
-def _graph_set(data: Any, where: str) -> GraphSet:
-    r = _Fields(data, where)
-    sizes = r.items("sizes")
-    if not all(isinstance(s, int) and not isinstance(s, bool) for s in sizes):
-        raise ResultsError(f"{where}.sizes: expected a list of integers, got {sizes!r}")
-    out = GraphSet(r.text("kind"), tuple(sizes), r.number("seconds"), r.number("gigabytes"))
-    r.closed()
-    return out
-
-
-def _ranked_row(row: Any, where: str) -> tuple[str, float, int]:
-    if not isinstance(row, list) or len(row) != 3:
-        raise ResultsError(f"{where}: expected [name, ms, count], got {row!r}")
-    r = _Fields(dict(zip(("name", "ms", "count"), row, strict=True)), where)
-    return r.text("name"), r.number("ms"), r.integer("count")
-
-
-def _ratio_map(data: Any, where: str) -> dict[int, float]:
-    r = _Fields(data, where)
-    return {_int_key(k, where): r.number(k) for k in r.data}
-
-
-def _ratios_from(data: Any, where: str) -> dict[str, dict[int, float]]:
-    return {name: _ratio_map(v, f"{where}[{name!r}]") for name, v in _Fields(data, where).data.items()}
-
-
-def _ratios_json(ratios: Mapping[str, Mapping[int, float]]) -> dict[str, dict[str, float]]:
-    return {name: {str(c): v for c, v in rs.items()} for name, rs in ratios.items()}
-
-
-def _recommendation(data: Any, where: str) -> Recommendation:
-    r = _Fields(data, where)
-    out = Recommendation(
-        kind=r.text("kind"), crossover=r.nullable(r.number, "crossover"),
-        disable_batch_size=r.nullable(r.integer, "disable_batch_size"),
-        enable_batch_size=r.nullable(r.integer, "enable_batch_size"), flags=r.text("flags"),
-        message=r.text("message"), ratios=_ratio_map(r.get("ratios"), f"{where}.ratios"), notes=list(r.texts("notes")))
-    r.closed()
-    return out
