@@ -46,6 +46,7 @@ class Result:
     completion_tokens: int = 0
     latency: float = 0.0
     error: str | None = None
+    started: float = 0.0  # seconds after its level began (run_level)
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -85,6 +86,22 @@ class LevelRun:
     def tok_per_s(self) -> float:
         return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
+    def wave_tok_per_s(self) -> list[float]:
+        """Each full wave's output tok/s: the requests taken `concurrency` at a time in the order sent
+        (a closed loop of equal-length requests runs them as waves), their tokens over the span from
+        the wave's first start to its last finish. Their spread is the level's noise within the run:
+        a slow wave boundary or first wave moves the level's rate without changing its steps."""
+        c = max(1, self.concurrency)
+        rates = []
+        for i in range(0, len(self.results) - c + 1, c):
+            wave = self.results[i : i + c]
+            if any(r.error for r in wave):
+                continue
+            span = max(r.started + r.latency for r in wave) - min(r.started for r in wave)
+            if span > 0:
+                rates.append(sum(r.completion_tokens for r in wave) / span)
+        return rates
+
 
 def run_level(url: str, prompts: list[str], concurrency: int, sampling: dict[str, Any], *,
               extra: dict[str, Any] | None = None, timeout: float = 600.0,
@@ -98,7 +115,9 @@ def run_level(url: str, prompts: list[str], concurrency: int, sampling: dict[str
     by_prompt = extra_by_prompt or {}
 
     def one(p: str) -> Result:
+        started = time.perf_counter() - t0
         res = generate(url, p, sampling, extra={**(extra or {}), **by_prompt.get(p, {})}, timeout=timeout)
+        res.started = started
         with lock:
             done[0] += 1
             if on_done:

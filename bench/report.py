@@ -122,6 +122,7 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
     if analysis.ratios:
         out.append(f"Ratios below {RATIO_TARGET} are in bold.")
         out.append("")
+    out += _wave_lines(cfgs, levels)
     if analysis.decode_ratios or any(lv.decode_tok_per_s for c in cfgs.values() for lv in c.levels):
         out += ["Decode-step throughput at bs = C: the median of the server's own `gen throughput` log lines "
                 "with `#running-req` = C over intervals of decode steps only (no prefill, no change of batch "
@@ -147,6 +148,25 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
             out += ([f"- `{name}` at C={p.concurrency}: failed: {p.error}"] if p.summary is None
                     else profile_markdown(name, p.concurrency, p.summary.as_dict()))
     return "\n".join(out) + "\n"
+
+
+def _wave_lines(cfgs: Mapping[str, ConfigRecord], levels: list[int]) -> list[str]:
+    """The spread of each level's waves: how much of a ratio above is this run's noise within a level."""
+    if not any(len(lv.wave_tok_per_s) > 1 for c in cfgs.values() for lv in c.levels):
+        return []
+    lines = ["Output tok/s of the level's waves, slowest-fastest (spread: fastest / slowest - 1). A slow first "
+             "wave or wave boundary moves the level's rate above without changing its steps.", "",
+             "| config | " + " | ".join(f"C={c}" for c in levels) + " |", "|---|" + "---|" * len(levels)]
+    for name, c in cfgs.items():
+        by = {lv.concurrency: lv.wave_tok_per_s for lv in c.levels}
+        lines.append(f"| {name} | " + " | ".join(_spread(by.get(lvl, ())) for lvl in levels) + " |")
+    return lines + [""]
+
+
+def _spread(waves: tuple[float, ...]) -> str:
+    if len(waves) < 2:
+        return ""
+    return f"{min(waves):.0f}-{max(waves):.0f} ({100 * (max(waves) / min(waves) - 1):.0f}%)"
 
 
 def _noise_lines(run: RunResults, analysis: Analysis) -> list[str]:

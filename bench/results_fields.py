@@ -77,6 +77,12 @@ class Fields:
             raise ResultsError(f"{self.where}.{key}: expected a list, got {type(v).__name__}")
         return v
 
+    def numbers(self, key: str) -> tuple[float, ...]:
+        v = self.items(key)
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+            raise ResultsError(f"{self.where}.{key}: expected a list of numbers, got {v!r}")
+        return tuple(float(x) for x in v)
+
     def texts(self, key: str) -> tuple[str, ...]:
         v = self.items(key)
         if not all(isinstance(x, str) for x in v):

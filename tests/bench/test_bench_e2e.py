@@ -28,6 +28,10 @@ def test_bench_against_fake_server(tmp_path: Path) -> None:
     for name, c in res["configs"].items():
         assert [lv["concurrency"] for lv in c["levels"]] == [1, 4]
         assert all(lv["output_tokens"] == 8 * lv["requests"] and not lv["errors"] for lv in c["levels"]), name
+        # every level's requests came in whole waves of C, each with its own rate
+        assert [len(lv["wave_tok_per_s"]) for lv in c["levels"]] == [lv["requests"] // lv["concurrency"]
+                                                                     for lv in c["levels"]], name
+        assert all(w > 0 for lv in c["levels"] for w in lv["wave_tok_per_s"]), name
     sw = res["configs"]["switch-v1"]
     assert sw["flags"][-4:] == ["--speculative-disable-batch-size", "2", "--speculative-enable-batch-size", "1"]
     assert "--speculative-draft-model-path" not in sw["flags"]  # added by ServerSpec.argv

@@ -112,6 +112,8 @@ def test_unknown_keys_are_kept_and_written_back() -> None:
      r"graph_sets\[0\]: no 'gigabytes'"),
     (lambda d: d["configs"]["nospec"].update(log_counters={"rank0": None}), "key 'rank0' is not an integer"),
     (lambda d: d.update(configs=[]), "configs: expected an object"),
+    (lambda d: d["configs"]["nospec"]["levels"][0].update(wave_tok_per_s=[10.0, "fast"]),
+     r"levels\[0\]\.wave_tok_per_s: expected a list of numbers"),
 ])
 def test_malformed_results_are_clear_errors(edit: Any, message: str) -> None:
     data = _minimal()
@@ -179,3 +181,13 @@ def test_run_settings_apply_the_quick_defaults() -> None:
     assert full.switch_thresholds == (8, 6)
     with pytest.raises(dataclasses.FrozenInstanceError):
         full.tp = 2  # type: ignore[misc]
+
+
+def test_wave_rates_round_trip_and_their_spread_is_reported() -> None:
+    waves = (1850.0, 1903.5, 1880.0)
+    level = LevelRecord(concurrency=10, requests=30, output_tokens=15360, wall_s=8.2, tok_per_s=1873.2, wave_tok_per_s=waves)
+    assert LevelRecord.from_json(_json(level.to_json()), "level") == level
+    assert "wave_tok_per_s" not in dataclasses.replace(level, wave_tok_per_s=()).to_json()  # older runs have none
+    run = RunResults(meta={}, configs={"nospec": ConfigRecord(flags=(), levels=(level,))})
+    text = report.markdown(run, report.analyse(run))
+    assert "| nospec | 1850-1904 (3%) |" in text
