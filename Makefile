@@ -4,8 +4,8 @@
 VENV_PYTHON := .venv/bin/python
 PYTHON ?= $(VENV_PYTHON)
 SETUP = $(if $(filter $(VENV_PYTHON),$(PYTHON)),bash ci/bootstrap-venv.sh,true)
-# A release line with its own requirements runs its patch tests in .venv-<ref> (its SGLang release
-# imports another transformers than 0.5.9's).
+# A release line with its own requirements runs its patch tests in .venv-<ref>, which holds those
+# over .venv (its SGLang release imports another transformers than 0.5.9's).
 LINE_REQ = $(if $(SGLANG_REF),$(wildcard lines/$(SGLANG_REF)/requirements.txt))
 LINE_SETUP = $(if $(LINE_REQ),bash ci/bootstrap-venv.sh $(LINE_REQ) .venv-$(SGLANG_REF),true)
 # SGLANG_REF: upstream ref to build against; empty means the one pinned in sglang.lock (v0.5.9).
