@@ -15,12 +15,12 @@ req=${1:-ci/requirements.txt}
 venv=${2:-$base}
 [ -f "$req" ] || { echo "setup: $req does not exist" >&2; exit 2; }
 
-install() {  # install REQUIREMENTS into VENV, stamp it with DIGEST; NOTE for the first line
+install() {  # REQUIREMENTS VENV DIGEST HINT: install, then stamp VENV with DIGEST (HINT ends the first message)
   echo "[setup] installing $1 into $2$4"
   # pip's downloads wait in a temporary folder until all are installed (about 3 GB for torch's
   # CUDA wheels): keep it beside the environment, not in a /tmp that may be a small tmpfs.
   mkdir -p "$2/.pip-tmp"
-  if ! TMPDIR="$PWD/$2/.pip-tmp" "$2/bin/python" -m pip install --quiet --disable-pip-version-check -r "$1"; then
+  if ! TMPDIR="$(cd "$2" && pwd)/.pip-tmp" "$2/bin/python" -m pip install --quiet --disable-pip-version-check -r "$1"; then
     rm -rf "$2/.pip-tmp"
     echo "setup: pip could not install $1 into $2 (no network, no package index reachable, or no disk space?)." >&2
     echo "  pip's own configuration applies (PIP_INDEX_URL, pip.conf); or run make with PYTHON=<a Python that has them>." >&2
