@@ -156,11 +156,16 @@ def _wave_lines(cfgs: Mapping[str, ConfigRecord], levels: list[int]) -> list[str
         return []
     lines = ["Output tok/s of the level's waves, slowest-fastest (spread: fastest / slowest - 1). A slow first "
              "wave or wave boundary moves the level's rate above without changing its steps.", "",
-             "| config | " + " | ".join(f"C={c}" for c in levels) + " |", "|---|" + "---|" * len(levels)]
+             *_header(levels)]
     for name, c in cfgs.items():
         by = {lv.concurrency: lv.wave_tok_per_s for lv in c.levels}
         lines.append(f"| {name} | " + " | ".join(_spread(by.get(lvl, ())) for lvl in levels) + " |")
     return lines + [""]
+
+
+def _header(levels: list[int]) -> list[str]:
+    """A per-level table's first two lines: one column per concurrency."""
+    return ["| config | " + " | ".join(f"C={c}" for c in levels) + " |", "|---|" + "---|" * len(levels)]
 
 
 def _spread(waves: tuple[float, ...]) -> str:
@@ -205,8 +210,7 @@ def _recommendation_lines(analysis: Analysis) -> list[str]:
 def _table(cfgs: Mapping[str, ConfigRecord], levels: list[int], key: RateKey, ratios: Mapping[str, Mapping[int, float]],
            extra_rows: list[str] | None = None) -> list[str]:
     """One row per config, then extra_rows, then each config's ratio to its references."""
-    lines = ["| config | " + " | ".join(f"C={c}" for c in levels) + " |",
-             "|---|" + "---|" * len(levels)]
+    lines = _header(levels)
     for name, c in cfgs.items():
         by = {lv.concurrency: lv for lv in c.levels}
         cells = []

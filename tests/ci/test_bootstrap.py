@@ -46,8 +46,7 @@ def test_pip_runs_only_when_the_requirements_changed(tmp_path: Path) -> None:
     fake = root / ".venv/bin/python"  # records what it is asked to do instead of installing
     fake.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
     fake.chmod(0o755)
-    digest = hashlib.sha256((root / "ci/requirements.txt").read_bytes()).hexdigest()
-    (root / ".venv/.requirements.sha256").write_text(digest + "\n")
+    _stamp_base(root)
     res = _run(root)
     assert res.returncode == 0 and res.stdout == "" and res.stderr == "" and not calls.exists()
     (root / "ci/requirements.txt").write_text("pytest\n# changed\n")
