@@ -127,6 +127,10 @@ def check_tree(tree: Path, python: str = sys.executable, *, require_switch: bool
 
 # SGLang 0.5.15+ derives its gRPC port as --port + 10000 and refuses to start when that passes 65535.
 HIGHEST_SERVER_PORT = 65535 - 10000
+LOWEST_SERVER_PORT = 20000
+# SGLang 0.5.9 draws its NCCL port from --port + 100..1000.
+DERIVED_PORT_SPAN = 1000
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
 def _bindable(port: int) -> bool:
@@ -138,14 +142,40 @@ def _bindable(port: int) -> bool:
         return True
 
 
+def ephemeral_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int] | None:
+    """The kernel's range for outgoing connections' local ports; None where it cannot be read."""
+    try:
+        low, high = (int(v) for v in path.read_text().split())
+    except (OSError, ValueError):
+        return None
+    return low, high
+
+
+def server_port_range(ephemeral: tuple[int, int] | None) -> tuple[int, int]:
+    """Ports to draw --port from: below the ephemeral range where there is room.
+
+    A port free when drawn can be taken, in the half minute before the server binds it, by any
+    outgoing connection on the machine (the server's own NCCL and gloo set-up, the health probe's
+    connects), which the kernel gives ports of the ephemeral range. On the H200 a server could not
+    bind 54796, of that range, free when it was drawn ("address already in use").
+    """
+    low, high = LOWEST_SERVER_PORT, HIGHEST_SERVER_PORT
+    if ephemeral is not None:
+        below = min(high, ephemeral[0] - 1 - DERIVED_PORT_SPAN)
+        if below - low >= 1000:
+            high = below
+    return low, high
+
+
 def free_port() -> int:
     """A free port that every supported SGLang release accepts as --port."""
     rng = random.Random()
+    low, high = server_port_range(ephemeral_range())
     for _ in range(200):
-        port = rng.randrange(20000, HIGHEST_SERVER_PORT + 1)
+        port = rng.randrange(low, high + 1)
         if _bindable(port):
             return port
-    raise ServerError(f"no free port found in 20000..{HIGHEST_SERVER_PORT}")
+    raise ServerError(f"no free port found in {low}..{high}")
 
 
 @dataclass

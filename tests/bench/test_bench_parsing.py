@@ -12,7 +12,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench import cli, client  # noqa: E402
 from bench.configs import CONFIGS, parse_configs  # noqa: E402
 from bench.logparse import parse_log, parse_metrics, rank_of  # noqa: E402
-from bench.server import ServerSpec, TreeError, check_tree, free_port, tree_has_switch  # noqa: E402
+from bench.server import (  # noqa: E402
+    ServerSpec,
+    TreeError,
+    check_tree,
+    ephemeral_range,
+    free_port,
+    server_port_range,
+    tree_has_switch,
+)
 
 LOG = """\
 [2026-11-29 10:00:00 TP0] Prefill batch, #new-seq: 1, #new-token: 12, cuda graph: False
@@ -117,6 +125,21 @@ def test_free_ports_leave_room_for_the_grpc_port() -> None:
     ports = [free_port() for _ in range(100)]
     assert max(ports) + 10000 <= 65535, max(ports)
     assert len(set(ports)) > 50  # drawn, not one fixed port that another server could hold
+
+
+def test_server_ports_stay_below_the_ephemeral_range() -> None:
+    low, high = server_port_range((32768, 60999))
+    assert high + 1000 < 32768 and high - low >= 1000
+    ephemeral = ephemeral_range()
+    if ephemeral is not None:
+        assert all(p + 1000 < ephemeral[0] for p in (free_port() for _ in range(100)))
+
+
+def test_a_low_or_unreadable_ephemeral_range_keeps_the_whole_range(tmp_path: Path) -> None:
+    assert server_port_range((1024, 65535)) == server_port_range(None) == (20000, 65535 - 10000)
+    (tmp_path / "range").write_text("32768\t60999\n")
+    assert ephemeral_range(tmp_path / "range") == (32768, 60999)
+    assert ephemeral_range(tmp_path / "missing") is None
 
 
 def test_cli_report_merges(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
