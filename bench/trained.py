@@ -17,7 +17,8 @@ with the target often, not always. One set holds:
   predict the target's next token, unrolled over the draft steps SGLang runs. It serves both targets;
 - ``prompts.jsonl``: code snippets from the held-out end of the corpus, for the greedy-equality
   tests: text like what the target learned, unlike the benchmark's English coding questions, on
-  which 5 of 479 greedy outputs flipped at near-ties.
+  which 5 of 479 greedy outputs flipped at near-ties; of the candidate snippets, those on which the
+  trained target's greedy path is furthest from a tie (``bench.tie_free``).
 
 ``manifest.json`` records what was made: the corpus digest, the target's loss, the draft's top-1
 agreement per step on held-out text, and how long each phase took. Deterministic from the seed
@@ -38,7 +39,8 @@ from typing import Any, Callable
 
 from bench.corpus import Corpus, code_corpus, code_prompts
 
-GENERATOR_VERSION = 3  # 2: blank lines kept in the training text; checkpoints in `dtype`; 3: prompts.jsonl
+GENERATOR_VERSION = 4  # 2: blank lines kept in the training text; checkpoints in `dtype`; 3: prompts.jsonl;
+# 4: the prompts furthest from a greedy tie
 PROMPTS_FILE = "prompts.jsonl"  # code snippets from the held-out text, for the greedy-equality tests
 HELD_OUT_SHARE = 0.02  # the corpus's last tokens, never trained on
 TRAINED_PAIRS = {"trained": ("target-trained", "draft-trained"),
@@ -70,6 +72,8 @@ class TrainedParams:
     draft_lr: float = 1e-3
     draft_unroll: int = 3  # draft steps trained (SGLang's --speculative-num-steps)
     prompt_count: int = 512  # held-out code prompts written beside the checkpoints (the GPU ramp sends 479)
+    prompt_candidates: int = 2048  # held-out snippets scored; the prompt_count furthest from a greedy tie are kept
+    prompt_new_tokens: int = 32  # greedy tokens scored per prompt (the GPU tests' SGL_TEST_NEW_TOKENS)
     seed: int = 1234
     device: str = "cuda"
     # The checkpoints' dtype, which SGLang serves them in. float16 rather than bfloat16: three more
@@ -92,6 +96,9 @@ class TrainedParams:
                                  "would fall inside them, and the two targets would differ")
             if layers and layers < 7:
                 raise TrainingError(f"a {layers}-layer target: EAGLE-3's captured layers (2, L/2, L-3) coincide below 7")
+        if self.prompt_candidates < self.prompt_count:
+            raise TrainingError(f"{self.prompt_candidates} prompt candidates for {self.prompt_count} prompts: "
+                                "score at least as many as are kept")
         if self.dtype not in ("float16", "bfloat16"):
             raise TrainingError(f"dtype {self.dtype!r}: the checkpoints are float16 or bfloat16 (what SGLang serves)")
 
@@ -215,9 +222,20 @@ def held_out_span(n_tokens: int) -> tuple[int, int]:
     return int(n_tokens * (1 - HELD_OUT_SHARE)), n_tokens
 
 
-def write_prompts(path: Path, held_out_text: str, count: int) -> None:
+def choose_prompts(params: TrainedParams, target: Any, tokenizer: Any, held_out_text: str) -> list[Any]:
+    """The held-out snippets on which the target's greedy path is furthest from a tie."""
+    from bench.tie_free import greedy_margins, most_tie_free, served_copy
+
     whole_lines = held_out_text[held_out_text.find("\n") + 1 :]  # the split falls inside a line
-    rows = [json.dumps({"id": f"held-out-{i:03d}", "prompt": p}) for i, p in enumerate(code_prompts(whole_lines, count))]
+    candidates = code_prompts(whole_lines, params.prompt_candidates)
+    rows = tokenizer(candidates, add_special_tokens=False)["input_ids"]
+    margins = greedy_margins(served_copy(target, params.dtype), rows, params.prompt_new_tokens, params.device)
+    return most_tie_free(candidates, margins, params.prompt_count)
+
+
+def write_prompts(path: Path, prompts: list[Any]) -> None:
+    rows = [json.dumps({"id": f"held-out-{i:03d}", "prompt": p.text, "least_margin": round(p.least_margin, 6)})
+            for i, p in enumerate(prompts)]
     path.write_text("\n".join(rows) + "\n", encoding="utf-8")
 
 
@@ -262,8 +280,24 @@ def write_set(tmp: Path, params: TrainedParams, target: Any, draft: Any, vocab: 
     copy_tokenizer(tokdir, tmp, params.pairs())
 
 
+def _prompts(tmp: Path, params: TrainedParams, target: Any, tokenizer: Any, ids: Any, quiet: bool) -> dict[str, Any]:
+    """prompts.jsonl from the held-out tokens; returns the manifest's entry for it."""
+    t0 = time.monotonic()
+    lo, hi = held_out_span(len(ids))
+    held_out_text = tokenizer.decode(ids[lo:hi].tolist(), clean_up_tokenization_spaces=False)
+    prompts = choose_prompts(params, target, tokenizer, held_out_text)
+    write_prompts(tmp / PROMPTS_FILE, prompts)
+    least = min(p.least_margin for p in prompts)
+    seconds = time.monotonic() - t0
+    _say(f"prompts: {len(prompts)} of {params.prompt_candidates} held-out snippets, least greedy margin "
+         f"{least:.4f} nats over {params.prompt_new_tokens} tokens, in {seconds:.0f}s", quiet)
+    return {"file": PROMPTS_FILE, "count": params.prompt_count, "from": "held-out corpus text",
+            "candidates": params.prompt_candidates, "new_tokens": params.prompt_new_tokens,
+            "least_margin": least, "seconds": seconds}
+
+
 def build(tmp: Path, params: TrainedParams, quiet: bool) -> dict[str, Any]:
-    """Corpus, tokenizer, training and checkpoints into tmp; returns the manifest."""
+    """Corpus, tokenizer, training, prompts and checkpoints into tmp; returns the manifest."""
     from transformers import PreTrainedTokenizerFast
 
     from bench.tokenizer import build_tokenizer
@@ -276,13 +310,11 @@ def build(tmp: Path, params: TrainedParams, quiet: bool) -> dict[str, Any]:
     vocab = build_tokenizer(tokdir, params.vocab, corpus.text.splitlines())
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tokdir))
     ids = tokenize(corpus, tokenizer)
-    lo, hi = held_out_span(len(ids))
-    write_prompts(tmp / PROMPTS_FILE, tokenizer.decode(ids[lo:hi].tolist(), clean_up_tokenization_spaces=False),
-                  params.prompt_count)
     t1 = time.monotonic()
     _say(f"corpus: {len(corpus.files)} files, {corpus.size} bytes, {len(ids)} tokens (vocab {vocab}) "
          f"from {corpus.root} in {t1 - t0:.0f}s", quiet)
     target, draft, figures = train_pair(params, ids, vocab, quiet)
+    prompts = _prompts(tmp, params, target, tokenizer, ids, quiet)
     t2 = time.monotonic()
     write_set(tmp, params, target, draft, vocab, tokdir)
     t3 = time.monotonic()
@@ -294,9 +326,10 @@ def build(tmp: Path, params: TrainedParams, quiet: bool) -> dict[str, Any]:
                                              "draft_expected_accept_length": figures.draft_expected_accept_length},
         "corpus": {"root": str(corpus.root), "files": len(corpus.files), "bytes": corpus.size,
                    "sha256": corpus.digest, "tokens": len(ids)},
-        "prompts": {"file": PROMPTS_FILE, "count": params.prompt_count, "from": "held-out corpus text"},
+        "prompts": prompts,
         "captured_layers": {str(n): captured_layers(n) for n in (params.small_layers, params.gpu_bound_layers) if n},
         "draft_to_target_weights": draft_parameter_count(params, vocab) / parameter_count(params, vocab, reference_layers),
         "seconds": {"corpus_and_tokenizer": t1 - t0, "target": figures.target_seconds,
-                    "draft": figures.draft_seconds, "write": t3 - t2, "total": t3 - t0},
+                    "draft": figures.draft_seconds, "prompts": prompts["seconds"], "write": t3 - t2,
+                    "total": t3 - t0},
     }

@@ -16,7 +16,7 @@ from bench.trained import TrainedParams, TrainingError, captured_layers
 
 TOY = TrainedParams(hidden=64, heads=4, kv_heads=2, intermediate=128, draft_intermediate=64, vocab=300,
                     corpus_bytes=300_000, seq_len=64, batch=8, target_steps=80, draft_steps=40, target_lr=3e-3,
-                    gpu_bound_layers=12, prompt_count=16, device="cpu")
+                    gpu_bound_layers=12, prompt_count=16, prompt_candidates=40, prompt_new_tokens=8, device="cpu")
 DRAFT_NAMES = {
     "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
     "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight", "midlayer.post_attention_layernorm.weight",
@@ -122,6 +122,26 @@ def test_the_set_holds_held_out_code_prompts(fx: fixtures.Fixtures) -> None:
     tail = corpus.text[int(len(corpus.text) * 0.9) :]  # the held-out 2% of tokens lies well inside the last 10% of text
     assert all(p in tail for p in prompts), "every prompt is held-out text"
     assert fixtures.Fixtures(fx.root / "tokenizer").prompts_file() is None, "a set without a manifest has none"
+
+
+def test_the_prompts_are_the_candidates_furthest_from_a_greedy_tie(fx: fixtures.Fixtures) -> None:
+    import torch
+    from bench_helpers import stepwise_greedy_margin
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+    path = fx.prompts_file()
+    assert path is not None
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    entry = _manifest(fx)["prompts"]
+    assert (entry["candidates"], entry["new_tokens"]) == (TOY.prompt_candidates, TOY.prompt_new_tokens)
+    assert entry["least_margin"] == pytest.approx(min(r["least_margin"] for r in rows), abs=1e-6)
+    # The served checkpoint (float16, pass-through layers included) in float32, decoded step by step.
+    target = LlamaForCausalLM.from_pretrained(str(fx.path("target-trained")), torch_dtype=torch.float32).eval()
+    tok = PreTrainedTokenizerFast.from_pretrained(str(fx.path("target-trained")))
+    for r in rows:
+        ids = tok(r["prompt"], add_special_tokens=False)["input_ids"]
+        assert stepwise_greedy_margin(target, ids, TOY.prompt_new_tokens) == pytest.approx(r["least_margin"], abs=1e-4)
+    assert entry["least_margin"] > 0.0
 
 
 def test_draft_checkpoint_is_what_sglang_loads(fx: fixtures.Fixtures) -> None:

@@ -84,12 +84,14 @@ class FixtureSets:
 
 def trained_summary(root: Path) -> str:
     m = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
-    f, sec = m["figures"], m["seconds"]
+    f, sec, pr = m["figures"], m["seconds"], m.get("prompts", {})
+    prompts = (f"prompts {pr['count']} of {pr['candidates']} held-out snippets, least greedy margin "
+               f"{pr['least_margin']:.4f} nats over {pr['new_tokens']} tokens; " if "candidates" in pr else "")
     return (f"{root.name}: target loss {f['target_loss']:.3f} nats/token held-out (train {f['target_train_loss']:.3f}); "
             f"draft top-1 agreement per step {[round(a, 3) for a in f['draft_agreement']]} (chain estimate of the "
             f"accept length {f['draft_expected_accept_length']:.2f}); corpus {m['corpus']['files']} files, "
             f"{m['corpus']['bytes']} bytes, {m['corpus']['tokens']} tokens; draft/target weights "
-            f"{m['draft_to_target_weights']:.4f}; seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in sec.items()))
+            f"{m['draft_to_target_weights']:.4f}; {prompts}seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in sec.items()))
 
 
 @dataclass(frozen=True)
