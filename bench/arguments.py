@@ -6,6 +6,7 @@ from pathlib import Path
 
 from bench import client, fixtures
 from bench.configs import CONFIGS, DEFAULT_CONFIGS, DEFAULT_PLAIN_CONFIGS, DEFAULT_UPSTREAM_CONFIGS
+from bench.profile import ProfileWindow
 
 FULL_LEVELS = [1, 2, 5, 10, 30, 70, 100, 250]
 QUICK_LEVELS = [1, 2, 10, 30, 100, 250]
@@ -92,6 +93,9 @@ def parser() -> argparse.ArgumentParser:
                     help="after each config's levels, profile PROFILE_STEPS decode steps of one wave at this "
                          "concurrency (SGLang's /start_profile) and report GPU idle time and the top CPU ops")
     ap.add_argument("--profile-steps", type=_positive, default=40, help="steps to profile (default %(default)s)")
+    ap.add_argument("--profile-window", choices=[w.value for w in ProfileWindow], default=ProfileWindow.FULL_BATCH.value,
+                    help="full-batch: decode steps once the wave's batch is full (default); wave-start: the "
+                         "wave's first steps, its prefill batches included (where a level's wave boundaries go)")
     ap.add_argument("--keep-traces", action="store_true", help="keep the profiler traces (OUT/profiles; large)")
     ap.add_argument("--out", type=Path, default=None, help="default build/bench/<timestamp>")
     ap.add_argument("--tree", default=None, help="patched SGLang tree (default $SGLANG_TREE or build/sglang-v0.5.9)")

@@ -82,6 +82,7 @@ class RunSettings:
     thresholds_from: Path | None  # results.json whose recommendation to use
     profile_at: int | None  # profile one wave at this concurrency after the levels
     profile_steps: int
+    profile_window: profile.ProfileWindow
     keep_traces: bool
 
     @classmethod
@@ -95,7 +96,7 @@ class RunSettings:
             ignore_eos=not args.no_ignore_eos, tp=args.tp, max_running_requests=args.max_running_requests,
             extra_flags=args.extra_flags, switch_thresholds=args.switch_thresholds,
             thresholds_from=args.thresholds_from, profile_at=args.profile_at, profile_steps=args.profile_steps,
-            keep_traces=args.keep_traces)
+            profile_window=profile.ProfileWindow(args.profile_window), keep_traces=args.keep_traces)
 
     @property
     def sampling(self) -> dict[str, Any]:
@@ -227,18 +228,19 @@ def _run_level(name: str, url: str, c: int, settings: RunSettings, target: RunTa
 
 def _profile(name: str, url: str, c: int, settings: RunSettings, target: RunTarget, log: Path) -> ProfileRecord:
     traces = target.out / "profiles" / name
+    window = settings.profile_window
     try:
         summary = profile.profile_level(url, target.prompts_for_level(c, offset=c), c, settings.sampling,
-                                        out_dir=traces, log_path=log, num_steps=settings.profile_steps)
+                                        out_dir=traces, log_path=log, num_steps=settings.profile_steps, window=window)
     except profile.ProfileError as e:
         say(f"[{name}] profile at C={c} failed: {e}")
-        return ProfileRecord(c, error=str(e))
+        return ProfileRecord(c, error=str(e), window=window)
     finally:
         if not settings.keep_traces:
             for f in traces.glob("*.trace.json*"):
                 f.unlink()
     say(f"[{name}] profile at C={c}: GPU idle {100 * summary.gpu_idle_fraction:.0f}% of {summary.window_ms:.1f} ms")
-    return ProfileRecord(c, summary=summary)
+    return ProfileRecord(c, summary=summary, window=window)
 
 
 def _save(results: RunResults, out: Path, plot: bool) -> tuple[Analysis, dict[str, Path | None]]:

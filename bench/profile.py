@@ -2,7 +2,9 @@
 
 `profile_level` sends a level of concurrency C, waits until the server logs a decode batch of C,
 asks SGLang's `/start_profile` for `num_steps` steps of CPU and GPU activity, and summarises the
-trace rank 0 writes (`*-TP-0.trace.json.gz`, Chrome trace format). The figure that matters for the
+trace rank 0 writes (`*-TP-0.trace.json.gz`, Chrome trace format). With the wave-start window it
+starts the profiler first, so the steps are the wave's prefill batches and its first decodes: where a
+level's time goes that a full batch's steps do not show. The figure that matters for the
 speculation switch is how long the GPU sits idle: a step bound by the server's CPU work (scheduling,
 batch preparation, kernel launches) leaves gaps between kernels that a faster GPU cannot close.
 """
@@ -13,6 +15,7 @@ import json
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,11 @@ TOP = 12
 
 class ProfileError(RuntimeError):
     pass
+
+
+class ProfileWindow(Enum):
+    FULL_BATCH = "full-batch"  # num_steps decode steps once the batch holds the whole wave
+    WAVE_START = "wave-start"  # the wave's first num_steps forward passes: prefill batches, first decodes
 
 
 @dataclass(frozen=True)
@@ -114,33 +122,48 @@ def _decode_seen(log_path: Path, offset: int, batch_size: int) -> bool:
     return any(d.batch_size == batch_size for rl in parse_log(text).values() for d in rl.decode)
 
 
-def profile_level(url: str, prompts: list[str], concurrency: int, sampling: dict[str, Any], *, out_dir: Path,
-                  log_path: Path, num_steps: int = 40, wait_s: float = 120.0,
-                  trace_wait_s: float = 60.0) -> ProfileSummary:
-    """Profile `num_steps` steps of a level of `concurrency`, once its decode batch is full."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    before = set(out_dir.glob("*.trace.json*"))
-    offset = log_path.stat().st_size if log_path.exists() else 0
-    level = threading.Thread(target=client.run_level, args=(url, prompts, concurrency, sampling), daemon=True)
-    level.start()
-    deadline, note = time.monotonic() + wait_s, ""
+def _wait_for_full_batch(level: threading.Thread, log_path: Path, offset: int, concurrency: int,
+                         wait_s: float) -> str:
+    """Until the log shows a decode batch of `concurrency`; a note when it did not in wait_s."""
+    deadline = time.monotonic() + wait_s
     while not _decode_seen(log_path, offset, concurrency):
         if not level.is_alive():
             # Started now, the profiler would wait for steps that never come.
             raise ProfileError(f"the wave ended before the server logged a decode batch of {concurrency}; "
                                "send more tokens (--max-new-tokens)")
         if time.monotonic() > deadline:
-            note = f"no decode batch of {concurrency} logged within {wait_s:.0f} s; profiled whatever ran"
-            break
+            return f"no decode batch of {concurrency} logged within {wait_s:.0f} s; profiled whatever ran"
         time.sleep(0.2)
+    return ""
+
+
+def _start_profiler(url: str, out_dir: Path, num_steps: int) -> None:
     body: dict[str, Any] = {"output_dir": str(out_dir), "num_steps": num_steps, "activities": ["CPU", "GPU"],
-            "with_stack": False, "record_shapes": False}
+                            "with_stack": False, "record_shapes": False}
     try:
         r = requests.post(url + "/start_profile", json=body, timeout=60)
     except requests.RequestException as e:
         raise ProfileError(f"/start_profile failed: {e}") from e
     if r.status_code != 200:
         raise ProfileError(f"/start_profile answered HTTP {r.status_code}: {r.text[:300]}")
+
+
+def profile_level(url: str, prompts: list[str], concurrency: int, sampling: dict[str, Any], *, out_dir: Path,
+                  log_path: Path, num_steps: int = 40, window: ProfileWindow = ProfileWindow.FULL_BATCH,
+                  wait_s: float = 120.0, trace_wait_s: float = 60.0) -> ProfileSummary:
+    """Profile `num_steps` steps of a level of `concurrency`: at its full batch, or from its start."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    before = set(out_dir.glob("*.trace.json*"))
+    offset = log_path.stat().st_size if log_path.exists() else 0
+    level = threading.Thread(target=client.run_level, args=(url, prompts, concurrency, sampling), daemon=True)
+    note = ""
+    if window is ProfileWindow.WAVE_START:
+        _start_profiler(url, out_dir, num_steps)  # the server is idle: its next steps are this wave's
+        level.start()
+    else:
+        level.start()
+        note = _wait_for_full_batch(level, log_path, offset, concurrency, wait_s)
+        _start_profiler(url, out_dir, num_steps)
     level.join()
     deadline = time.monotonic() + trace_wait_s
     while True:
@@ -153,8 +176,10 @@ def profile_level(url: str, prompts: list[str], concurrency: int, sampling: dict
         time.sleep(0.5)
 
 
-def markdown(name: str, concurrency: int, p: dict[str, Any]) -> list[str]:
-    lines = [f"- `{name}` at C={concurrency}: GPU idle **{100 * p['gpu_idle_fraction']:.0f}%** of "
+def markdown(name: str, concurrency: int, p: dict[str, Any],
+             window: ProfileWindow = ProfileWindow.FULL_BATCH) -> list[str]:
+    where = f"C={concurrency}" + (", the wave's first steps" if window is ProfileWindow.WAVE_START else "")
+    lines = [f"- `{name}` at {where}: GPU idle **{100 * p['gpu_idle_fraction']:.0f}%** of "
              f"{p['window_ms']:.1f} ms ({p['kernels']} GPU events)" + (f"; {p['note']}" if p.get("note") else "")]
     cpu = ", ".join(f"{n} {ms:.1f} ms x{c}" for n, ms, c in p["top_cpu_ops"][:5])
     gpu = ", ".join(f"{n[:60]} {ms:.1f} ms x{c}" for n, ms, c in p["top_kernels"][:3])

@@ -146,7 +146,7 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
         out += ["", "Profiles (SGLang's torch profiler, rank 0; GPU idle = the window less the union of GPU events):", ""]
         for name, p in profiled:
             out += ([f"- `{name}` at C={p.concurrency}: failed: {p.error}"] if p.summary is None
-                    else profile_markdown(name, p.concurrency, p.summary.as_dict()))
+                    else profile_markdown(name, p.concurrency, p.summary.as_dict(), p.window))
     return "\n".join(out) + "\n"
 
 

@@ -11,7 +11,9 @@ results.json:
                     "wave_tok_per_s": [...],  # each full wave's output tok/s; absent in older runs
                     "counters": {"spec_steps", "fallback_steps", "switches"} | null,
                     "decode_lines", "decode_tok_per_s" | null}],  # the decode pair once taken from the log
-        "startup_s", "profile": {"concurrency", "error"} | {"concurrency", <bench.profile.ProfileSummary>},
+        "startup_s", "profile": {"concurrency", "profiled_steps", "error"}
+                                | {"concurrency", "profiled_steps", <bench.profile.ProfileSummary>},
+        # profiled_steps: "wave-start", or absent for the default "full-batch" (bench.profile.ProfileWindow)
         "graph_sets": [{"kind", "sizes", "seconds", "gigabytes"}],
         "log_counters": {rank: {"spec_steps", "fallback_steps", "switches"} | null},
         "failed": "..."}},                 # each key after "levels" only once the run got that far; a
@@ -35,7 +37,7 @@ from typing import Any, Literal
 
 from bench.analysis import Recommendation
 from bench.logparse import Counters, GraphSet
-from bench.profile import ProfileSummary
+from bench.profile import ProfileSummary, ProfileWindow
 from bench.results_fields import (
     Fields,
     ResultsError,
@@ -139,16 +141,20 @@ class ProfileRecord:
     concurrency: int
     summary: ProfileSummary | None = None
     error: str | None = None
+    window: ProfileWindow = ProfileWindow.FULL_BATCH
 
     def __post_init__(self) -> None:
         if (self.summary is None) == (self.error is None):
             raise ValueError("a profile has either a summary or an error")
 
     def to_json(self) -> dict[str, Any]:
+        head: dict[str, Any] = {"concurrency": self.concurrency}
+        if self.window is not ProfileWindow.FULL_BATCH:  # absent: full-batch, as files before it have it
+            head["profiled_steps"] = self.window.value
         if self.summary is None:
-            return {"concurrency": self.concurrency, "error": self.error}
+            return {**head, "error": self.error}
         s = self.summary
-        return {"concurrency": self.concurrency, "window_ms": s.window_ms, "gpu_busy_ms": s.gpu_busy_ms,
+        return {**head, "window_ms": s.window_ms, "gpu_busy_ms": s.gpu_busy_ms,
                 "gpu_idle_fraction": s.gpu_idle_fraction, "kernels": s.kernels,
                 "top_cpu_ops": [list(row) for row in s.top_cpu_ops], "top_kernels": [list(row) for row in s.top_kernels],
                 "top_runtime_calls": [list(row) for row in s.top_runtime_calls], "note": s.note}
@@ -157,8 +163,9 @@ class ProfileRecord:
     def from_json(cls, data: Any, where: str) -> ProfileRecord:
         r = Fields(data, where)
         c = r.integer("concurrency")
+        window = _window(r.opt(r.text, "profiled_steps") or ProfileWindow.FULL_BATCH.value, f"{where}.profiled_steps")
         if r.has("error"):
-            out = cls(c, error=r.text("error"))
+            out = cls(c, error=r.text("error"), window=window)
         else:
             def ranked(key: str) -> list[tuple[str, float, int]]:
                 return [ranked_row(row, f"{where}.{key}[{i}]") for i, row in enumerate(r.items(key))]
@@ -167,9 +174,17 @@ class ProfileRecord:
                 window_ms=r.number("window_ms"), gpu_busy_ms=r.number("gpu_busy_ms"),
                 gpu_idle_fraction=r.number("gpu_idle_fraction"), kernels=r.integer("kernels"),
                 top_cpu_ops=ranked("top_cpu_ops"), top_kernels=ranked("top_kernels"),
-                top_runtime_calls=ranked("top_runtime_calls"), note=r.text("note")))
+                top_runtime_calls=ranked("top_runtime_calls"), note=r.text("note")), window=window)
         r.closed()
         return out
+
+
+def _window(value: str, where: str) -> ProfileWindow:
+    try:
+        return ProfileWindow(value)
+    except ValueError:
+        raise ResultsError(f"{where}: {value!r} is not a profile window "
+                           f"({', '.join(w.value for w in ProfileWindow)})") from None
 
 
 @dataclass(frozen=True)

@@ -88,35 +88,74 @@ def test_bench_profiles_each_config_and_drops_the_traces(tmp_path: Path) -> None
     assert "GPU idle **70%**" in (out / "results.md").read_text()
 
 
-def test_a_wave_too_short_to_reach_a_full_decode_batch_is_not_profiled(tmp_path: Path) -> None:
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class _RecordingServer:
+    """An HTTP server that answers /generate with nothing and, for /start_profile, writes a rank-0
+    trace into the output_dir it is given; `posted` keeps the order of the requests."""
 
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        posted = self.posted = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                posted.append(self.path)
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                if self.path == "/start_profile":
+                    trace = {"traceEvents": [_x("kernel", "k", 0, 1000, tid=7), _x("cpu_op", "op", 0, 2000)]}
+                    (Path(body["output_dir"]) / "x-TP-0.trace.json").write_text(json.dumps(trace))
+                reply = json.dumps({"text": "", "output_ids": [], "meta_info": {"completion_tokens": 0}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def __enter__(self) -> _RecordingServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+
+
+def test_a_wave_too_short_to_reach_a_full_decode_batch_is_not_profiled(tmp_path: Path) -> None:
     from bench.profile import profile_level
 
-    posted: list[str] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *a: object) -> None:
-            pass
-
-        def do_POST(self) -> None:
-            posted.append(self.path)
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            body = json.dumps({"text": "", "output_ids": [], "meta_info": {"completion_tokens": 0}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        log = tmp_path / "server.log"
-        log.write_text("")  # this server never logs a decode batch
+    log = tmp_path / "server.log"
+    log.write_text("")  # this server never logs a decode batch
+    with _RecordingServer() as srv:
         with pytest.raises(ProfileError, match="wave ended before"):
-            profile_level(f"http://127.0.0.1:{server.server_address[1]}", ["a", "b"], 2, {}, out_dir=tmp_path / "p",
-                          log_path=log)
-    finally:
-        server.shutdown()
-    assert posted == ["/generate", "/generate"], "the profiler must not be started"
+            profile_level(srv.url, ["a", "b"], 2, {}, out_dir=tmp_path / "p", log_path=log)
+    assert srv.posted == ["/generate", "/generate"], "the profiler must not be started"
+
+
+def test_the_wave_start_window_starts_the_profiler_before_the_wave(tmp_path: Path) -> None:
+    from bench.profile import ProfileWindow, profile_level
+
+    log = tmp_path / "server.log"
+    log.write_text("")  # no decode batch needed: nothing waits for one
+    with _RecordingServer() as srv:
+        summary = profile_level(srv.url, ["a", "b"], 2, {}, out_dir=tmp_path / "p", log_path=log,
+                                window=ProfileWindow.WAVE_START)
+    assert srv.posted == ["/start_profile", "/generate", "/generate"]
+    assert (summary.window_ms, summary.gpu_busy_ms, summary.note) == (2.0, 1.0, "")
+
+
+def test_bench_profiles_the_wave_start_when_asked(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "SGL_BASE_FLAGS": "", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "bench", "--tree", str(FAKE_TREE), "--model", "/fake/target", "--configs", "nospec",
+           "--concurrency", "2", "--num-requests", "2", "--max-new-tokens", "50", "--profile-at", "4",
+           "--profile-window", "wave-start", "--out", str(out), "--startup-timeout", "60"]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    prof = json.loads((out / "results.json").read_text())["configs"]["nospec"]["profile"]
+    assert prof["profiled_steps"] == "wave-start" and prof["gpu_idle_fraction"] == pytest.approx(0.7), prof
+    assert "`nospec` at C=4, the wave's first steps: GPU idle **70%**" in (out / "results.md").read_text()

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench import cli, report  # noqa: E402
-from bench.profile import ProfileSummary  # noqa: E402
+from bench.profile import ProfileSummary, ProfileWindow  # noqa: E402
 from bench.results import (  # noqa: E402
     ANALYSIS_KEYS,
     Analysis,
@@ -162,6 +162,11 @@ def test_profile_records_write_every_summary_field() -> None:
     assert ProfileRecord(4, error="boom").to_json() == {"concurrency": 4, "error": "boom"}
     with pytest.raises(ValueError):
         ProfileRecord(4)
+    start = ProfileRecord(4, summary=s, window=ProfileWindow.WAVE_START)
+    assert start.to_json()["profiled_steps"] == "wave-start"
+    assert ProfileRecord.from_json(start.to_json(), "p") == start != rec
+    with pytest.raises(ResultsError, match=r"p\.profiled_steps: 'middle' is not a profile window \(full-batch, wave-start\)"):
+        ProfileRecord.from_json({**start.to_json(), "profiled_steps": "middle"}, "p")
 
 
 def test_stored_analysis_reads_what_analyse_wrote() -> None:
