@@ -243,12 +243,15 @@ def _backend(backend: str | None) -> tuple[list[str], str]:
 
 def ref_run(ctx: dict[str, Any], pair: str, backend: str | None = None) -> Run:
     """The no-speculation server on the whole ramp (once per session, pair and backend)."""
-    models = models_for(pair, ctx["fx"])
-    flat = [p for g in groups_for(ctx, pair) for p in g]
     flags, suffix = _backend(backend)
     flags += pair_flags(pair)
-    return once(f"ref-{pair}{suffix}", lambda: reference(f"nospec-{pair}{suffix}", models, ctx["tree"], ctx["logs"],
-                                                         flat, tp_size(), flags))
+
+    def serve() -> Run:
+        flat = [p for g in groups_for(ctx, pair) for p in g]
+        return reference(f"nospec-{pair}{suffix}", models_for(pair, ctx["fx"]), ctx["tree"], ctx["logs"], flat,
+                         tp_size(), flags)
+
+    return once(f"ref-{pair}{suffix}", serve)
 
 
 def _worker_run(ctx: dict[str, Any], prefix: str, make_spec: Callable[..., ServerSpec], worker: str, pair: str,
