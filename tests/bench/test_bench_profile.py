@@ -73,19 +73,21 @@ def test_an_empty_trace_is_an_error() -> None:
         summarize({"traceEvents": []})
 
 
-def test_bench_profiles_each_config_and_drops_the_traces(tmp_path: Path) -> None:
+@pytest.mark.parametrize("window,where", [("full-batch", "C=4"), ("wave-start", "C=4, the wave's first steps")])
+def test_bench_profiles_each_config_and_drops_the_traces(tmp_path: Path, window: str, where: str) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "SGL_BASE_FLAGS": "", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "bench", "--tree", str(FAKE_TREE), "--model", "/fake/target", "--configs", "nospec",
            "--concurrency", "2", "--num-requests", "2", "--max-new-tokens", "50", "--profile-at", "4",
-           "--out", str(out), "--startup-timeout", "60"]
+           "--profile-window", window, "--out", str(out), "--startup-timeout", "60"]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr[-3000:]
     prof = json.loads((out / "results.json").read_text())["configs"]["nospec"]["profile"]
     assert prof["concurrency"] == 4 and prof["gpu_idle_fraction"] == pytest.approx(0.7), prof
+    assert prof.get("profiled_steps", "full-batch") == window
     assert prof["top_cpu_ops"][0] == ["aten::index", 5.0, 2] and prof["note"] == ""
     assert not list((out / "profiles").rglob("*.trace.json*"))
-    assert "GPU idle **70%**" in (out / "results.md").read_text()
+    assert f"`nospec` at {where}: GPU idle **70%**" in (out / "results.md").read_text()
 
 
 class _RecordingServer:
@@ -146,16 +148,3 @@ def test_the_wave_start_window_starts_the_profiler_before_the_wave(tmp_path: Pat
                                 window=ProfileWindow.WAVE_START)
     assert srv.posted == ["/start_profile", "/generate", "/generate"]
     assert (summary.window_ms, summary.gpu_busy_ms, summary.note) == (2.0, 1.0, "")
-
-
-def test_bench_profiles_the_wave_start_when_asked(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    env = {**os.environ, "SGL_BASE_FLAGS": "", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "bench", "--tree", str(FAKE_TREE), "--model", "/fake/target", "--configs", "nospec",
-           "--concurrency", "2", "--num-requests", "2", "--max-new-tokens", "50", "--profile-at", "4",
-           "--profile-window", "wave-start", "--out", str(out), "--startup-timeout", "60"]
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-    assert p.returncode == 0, p.stderr[-3000:]
-    prof = json.loads((out / "results.json").read_text())["configs"]["nospec"]["profile"]
-    assert prof["profiled_steps"] == "wave-start" and prof["gpu_idle_fraction"] == pytest.approx(0.7), prof
-    assert "`nospec` at C=4, the wave's first steps: GPU idle **70%**" in (out / "results.md").read_text()
