@@ -162,6 +162,21 @@ def cmd_rebase(args: argparse.Namespace, project: Project) -> int:
     return rc
 
 
+def _add_rebase(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    r = sub.add_parser("rebase", help="port the series to another SGLang ref (see README)")
+    r.add_argument("--to", required=True, help="the new ref, e.g. v0.5.10")
+    r.add_argument("--check", action="store_true", help="report only; change nothing")
+    r.add_argument("--drop", action="store_true", help="confirm dropping patches found upstream/obsolete")
+    r.add_argument("--report", help="write the Markdown report here (default: docs/rebase/<ref>.md with --check, else "
+                   "build/rebase-<ref>.md)")
+    r.add_argument("--continue", dest="cont", action="store_true", help="continue after resolving a conflict")
+    r.add_argument("--abort", action="store_true", help="abandon a rebase in progress")
+    r.add_argument("--new-line", action="store_true",
+                   help="make lines/<to>/ from the line --ref names (default: the default line) and port that copy; "
+                        "the source line is left as it is")
+    r.set_defaults(func=cmd_rebase)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tools", description="Keep a quilt-style patch series against SGLang.")
     p.add_argument("--root", help="project root (default: this checkout)")
@@ -200,18 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("subject")
     n.set_defaults(func=cmd_new)
 
-    r = sub.add_parser("rebase", help="port the series to another SGLang ref (see README)")
-    r.add_argument("--to", required=True, help="the new ref, e.g. v0.5.10")
-    r.add_argument("--check", action="store_true", help="report only; change nothing")
-    r.add_argument("--drop", action="store_true", help="confirm dropping patches found upstream/obsolete")
-    r.add_argument("--report", help="write the Markdown report here (default: docs/rebase/<ref>.md with --check, else "
-                   "build/rebase-<ref>.md)")
-    r.add_argument("--continue", dest="cont", action="store_true", help="continue after resolving a conflict")
-    r.add_argument("--abort", action="store_true", help="abandon a rebase in progress")
-    r.add_argument("--new-line", action="store_true",
-                   help="make lines/<to>/ from the line --ref names (default: the default line) and port that copy; "
-                        "the source line is left as it is")
-    r.set_defaults(func=cmd_rebase)
+    _add_rebase(sub)
     return p
 
 
