@@ -157,7 +157,8 @@ def server_port_range(ephemeral: tuple[int, int] | None) -> tuple[int, int]:
     A port free when drawn can be taken, in the half minute before the server binds it, by any
     outgoing connection on the machine (the server's own NCCL and gloo set-up, the health probe's
     connects), which the kernel gives ports of the ephemeral range. On the H200 a server could not
-    bind 54796, of that range, free when it was drawn ("address already in use").
+    bind 54796 (inside Linux's default range, 32768-60999), free when it was drawn ("address
+    already in use").
     """
     low, high = LOWEST_SERVER_PORT, HIGHEST_SERVER_PORT
     if ephemeral is not None:
