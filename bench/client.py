@@ -1,15 +1,16 @@
 """Load generation over SGLang's plain HTTP API (`/generate`, `/metrics`, `/flush_cache`)."""
 from __future__ import annotations
 
+import asyncio
 import json
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import requests
+
+from bench.http_post import post_json
 
 DEFAULT_PROMPTS = Path(__file__).parent / "data" / "coding_prompts.jsonl"
 
@@ -50,22 +51,44 @@ class Result:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def generate(url: str, prompt: str, sampling: dict[str, Any], *, timeout: float = 600.0,
-             extra: dict[str, Any] | None = None) -> Result:
-    body: dict[str, Any] = {"text": prompt, "sampling_params": sampling, **(extra or {})}
-    t0 = time.perf_counter()
+def _request(prompt: str, sampling: dict[str, Any], extra: dict[str, Any] | None) -> dict[str, Any]:
+    return {"text": prompt, "sampling_params": sampling, **(extra or {})}
+
+
+def _result(prompt: str, status: int, text: str, latency: float) -> Result:
+    """The Result of a /generate reply: its output, or the error it is."""
+    if status != 200:
+        return Result(prompt, latency=latency, error=f"HTTP {status}: {text[:500]}")
     try:
-        r = requests.post(url + "/generate", json=body, timeout=timeout)
-        dt = time.perf_counter() - t0
-        if r.status_code != 200:
-            return Result(prompt, latency=dt, error=f"HTTP {r.status_code}: {r.text[:500]}")
-        d = r.json()
-    except (requests.RequestException, ValueError) as e:
-        return Result(prompt, latency=time.perf_counter() - t0, error=f"{type(e).__name__}: {e}")
+        d = json.loads(text)
+    except ValueError as e:
+        return Result(prompt, latency=latency, error=f"{type(e).__name__}: {e}")
     meta = d.get("meta_info", {})
     ids = d.get("output_ids") or []
     return Result(prompt, text=d.get("text", ""), output_ids=list(ids),
-                  completion_tokens=int(meta.get("completion_tokens", len(ids))), latency=dt, meta=meta)
+                  completion_tokens=int(meta.get("completion_tokens", len(ids))), latency=latency, meta=meta)
+
+
+def generate(url: str, prompt: str, sampling: dict[str, Any], *, timeout: float = 600.0,
+             extra: dict[str, Any] | None = None) -> Result:
+    t0 = time.perf_counter()
+    try:
+        r = requests.post(url + "/generate", json=_request(prompt, sampling, extra), timeout=timeout)
+    except requests.RequestException as e:
+        return Result(prompt, latency=time.perf_counter() - t0, error=f"{type(e).__name__}: {e}")
+    return _result(prompt, r.status_code, r.text, time.perf_counter() - t0)
+
+
+async def _generate_async(url: str, prompt: str, sampling: dict[str, Any], timeout: float,
+                          extra: dict[str, Any] | None) -> Result:
+    t0 = time.perf_counter()
+    try:
+        status, body = await post_json(url, "/generate", _request(prompt, sampling, extra), timeout)
+    except asyncio.TimeoutError:
+        return Result(prompt, latency=time.perf_counter() - t0, error=f"TimeoutError: no reply within {timeout:g} s")
+    except OSError as e:
+        return Result(prompt, latency=time.perf_counter() - t0, error=f"{type(e).__name__}: {e}")
+    return _result(prompt, status, body.decode("utf-8", errors="replace"), time.perf_counter() - t0)
 
 
 @dataclass
@@ -107,27 +130,35 @@ def run_level(url: str, prompts: list[str], concurrency: int, sampling: dict[str
               extra: dict[str, Any] | None = None, timeout: float = 600.0,
               on_done: Callable[[int, int], None] | None = None,
               extra_by_prompt: dict[str, dict[str, Any]] | None = None) -> LevelRun:
-    """Send every prompt, at most `concurrency` in flight (closed loop); time the whole level.
+    """Send every prompt, at most `concurrency` in flight (closed loop: a request is sent as one
+    finishes, in the prompts' order); time the whole level.
 
     extra_by_prompt: request fields for some prompts only, over `extra`."""
-    done = [0]
-    lock = threading.Lock()
-    by_prompt = extra_by_prompt or {}
+    return asyncio.run(_run_level(url, prompts, concurrency, sampling, extra or {}, timeout, on_done,
+                                  extra_by_prompt or {}))
 
-    def one(p: str) -> Result:
-        started = time.perf_counter() - t0
-        res = generate(url, p, sampling, extra={**(extra or {}), **by_prompt.get(p, {})}, timeout=timeout)
-        res.started = started
-        with lock:
-            done[0] += 1
-            if on_done:
-                on_done(done[0], len(prompts))
-        return res
 
+async def _run_level(url: str, prompts: list[str], concurrency: int, sampling: dict[str, Any],
+                     extra: dict[str, Any], timeout: float, on_done: Callable[[int, int], None] | None,
+                     by_prompt: dict[str, dict[str, Any]]) -> LevelRun:
+    results: list[Result | None] = [None] * len(prompts)
+    pending = iter(range(len(prompts)))
+    done = 0
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as ex:
-        results = list(ex.map(one, prompts))
-    return LevelRun(concurrency, time.perf_counter() - t0, results)
+
+    async def sender() -> None:
+        nonlocal done
+        for i in pending:  # one shared iterator: each sender takes the next prompt when it is free
+            started = time.perf_counter() - t0
+            res = await _generate_async(url, prompts[i], sampling, timeout, {**extra, **by_prompt.get(prompts[i], {})})
+            res.started = started
+            results[i] = res
+            done += 1
+            if on_done:
+                on_done(done, len(prompts))
+
+    await asyncio.gather(*(sender() for _ in range(max(1, min(concurrency, len(prompts))))))
+    return LevelRun(concurrency, time.perf_counter() - t0, [r for r in results if r is not None])
 
 
 def prompts_for_level(prompts: list[str], n: int, offset: int = 0) -> list[str]:

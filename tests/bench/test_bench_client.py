@@ -25,3 +25,87 @@ def test_waves_are_the_requests_taken_c_at_a_time_over_their_own_span() -> None:
 def test_a_wave_with_a_failed_request_has_no_rate() -> None:
     run = LevelRun(2, 2.0, [_done(0.0, 1.0), _done(0.0, 1.0, error="HTTP 500"), _done(1.0, 1.0), _done(1.0, 1.0)])
     assert run.wave_tok_per_s() == pytest.approx([200.0])
+
+
+class _CountingServer:
+    """A threaded local /generate that sleeps a little per request and keeps the most requests it
+    held at once and the bodies it got, in arrival order."""
+
+    def __init__(self, delay: float) -> None:
+        import json
+        import threading
+        import time
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.bodies: list[dict] = []
+        self.most = 0
+        inflight = [0]
+        lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with lock:
+                    outer.bodies.append(body)
+                    inflight[0] += 1
+                    outer.most = max(outer.most, inflight[0])
+                time.sleep(delay)
+                with lock:
+                    inflight[0] -= 1
+                if body["text"] == "refuse":
+                    code, reply = 503, b"overloaded"
+                else:
+                    n = body["sampling_params"]["max_new_tokens"]
+                    reply = json.dumps({"text": body["text"].upper(), "output_ids": list(range(n)),
+                                        "meta_info": {"completion_tokens": n, "extra": body.get("return_logprob")}}).encode()
+                    code = 200
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def __enter__(self) -> _CountingServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+
+
+def test_a_level_keeps_concurrency_requests_in_flight_and_its_results_in_order() -> None:
+    from bench.client import run_level
+
+    prompts = [f"p{i}" for i in range(12)]
+    calls: list[tuple[int, int]] = []
+    with _CountingServer(delay=0.2) as srv:
+        lr = run_level(srv.url, prompts, 4, {"max_new_tokens": 3}, extra={"rid_tag": "t"},
+                       extra_by_prompt={"p5": {"return_logprob": True}}, on_done=lambda d, n: calls.append((d, n)))
+    assert srv.most == 4, "a closed loop of 4: never more, and the server saw all 4 at once"
+    assert [r.prompt for r in lr.results] == prompts and [r.text for r in lr.results] == [p.upper() for p in prompts]
+    assert all(r.output_ids == [0, 1, 2] and r.completion_tokens == 3 and not r.error for r in lr.results)
+    assert {b["text"] for b in srv.bodies[:4]} == set(prompts[:4]), "the first wave is the first 4 prompts"
+    assert all(b["rid_tag"] == "t" for b in srv.bodies)
+    assert [r.meta["extra"] for r in lr.results].count(True) == 1 and lr.results[5].meta["extra"] is True
+    assert calls == [(k, 12) for k in range(1, 13)]
+    # Three waves of 4 at 0.2 s each: the fifth request starts with the second wave.
+    assert lr.results[4].started >= 0.19 and lr.wall_s >= 0.6 and len(lr.wave_tok_per_s()) == 3
+
+
+def test_a_level_reports_refusals_timeouts_and_a_dead_server_as_errors() -> None:
+    from bench.client import run_level
+
+    with _CountingServer(delay=0.3) as srv:
+        lr = run_level(srv.url, ["refuse", "ok"], 2, {"max_new_tokens": 1})
+        slow = run_level(srv.url, ["late"], 1, {"max_new_tokens": 1}, timeout=0.1)
+    assert lr.results[0].error == "HTTP 503: overloaded" and lr.results[1].error is None
+    assert lr.errors == ["HTTP 503: overloaded"] and lr.output_tokens == 1
+    assert slow.results[0].error == "TimeoutError: no reply within 0.1 s"
+    dead = run_level("http://127.0.0.1:1", ["x"], 1, {})
+    assert dead.results[0].error is not None and dead.results[0].error.startswith("ConnectionRefusedError")
