@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -43,3 +44,35 @@ def stepwise_greedy_margin(model: object, row: list[int], new_tokens: int) -> fl
             least = min(least, float(top2.values[0] - top2.values[1]))
             ids.append(int(top2.indices[0]))
     return least
+
+
+class LocalServer:
+    """A threaded HTTP server on a free local port that answers each POST with
+    `answer(path, json_body) -> (status, reply bytes)`; a context manager, `url` its address."""
+
+    def __init__(self, answer: Callable[[str, dict[str, Any]], tuple[int, bytes]]) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                status, reply = answer(self.path, body)
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def __enter__(self) -> LocalServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()

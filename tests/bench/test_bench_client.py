@@ -1,8 +1,11 @@
 """The load generator's per-wave rates (CPU, fast)."""
 from __future__ import annotations
 
+import json
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,55 +31,42 @@ def test_a_wave_with_a_failed_request_has_no_rate() -> None:
 
 
 class _CountingServer:
-    """A threaded local /generate that sleeps a little per request and keeps the most requests it
-    held at once and the bodies it got, in arrival order."""
+    """A /generate that sleeps `delay` per request and keeps the most requests it held at once and
+    the bodies it got, in arrival order."""
 
     def __init__(self, delay: float) -> None:
-        import json
         import threading
-        import time
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-        self.bodies: list[dict] = []
+        from bench_helpers import LocalServer
+
+        self.bodies: list[dict[str, Any]] = []
         self.most = 0
-        inflight = [0]
-        lock = threading.Lock()
-        outer = self
+        self._inflight = 0
+        self._lock = threading.Lock()
+        self._delay = delay
+        self._server = LocalServer(self._answer)
+        self.url = self._server.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a: object) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with lock:
-                    outer.bodies.append(body)
-                    inflight[0] += 1
-                    outer.most = max(outer.most, inflight[0])
-                time.sleep(delay)
-                with lock:
-                    inflight[0] -= 1
-                if body["text"] == "refuse":
-                    code, reply = 503, b"overloaded"
-                else:
-                    n = body["sampling_params"]["max_new_tokens"]
-                    reply = json.dumps({"text": body["text"].upper(), "output_ids": list(range(n)),
-                                        "meta_info": {"completion_tokens": n, "extra": body.get("return_logprob")}}).encode()
-                    code = 200
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def _answer(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        with self._lock:
+            self.bodies.append(body)
+            self._inflight += 1
+            self.most = max(self.most, self._inflight)
+        time.sleep(self._delay)
+        with self._lock:
+            self._inflight -= 1
+        if body["text"] == "refuse":
+            return 503, b"overloaded"
+        n = body["sampling_params"]["max_new_tokens"]
+        return 200, json.dumps({"text": body["text"].upper(), "output_ids": list(range(n)),
+                                "meta_info": {"completion_tokens": n, "extra": body.get("return_logprob")}}).encode()
 
     def __enter__(self) -> _CountingServer:
+        self._server.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
+        self._server.__exit__(*exc)
 
 
 def test_a_level_keeps_concurrency_requests_in_flight_and_its_results_in_order() -> None:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,41 +91,19 @@ def test_bench_profiles_each_config_and_drops_the_traces(tmp_path: Path, window:
     assert f"`nospec` at {where}: GPU idle **70%**" in (out / "results.md").read_text()
 
 
-class _RecordingServer:
-    """An HTTP server that answers /generate with nothing and, for /start_profile, writes a rank-0
-    trace into the output_dir it is given; `posted` keeps the order of the requests."""
+def _recording_server(posted: list[str]) -> Any:
+    """A server that answers /generate with nothing and, for /start_profile, writes a rank-0 trace
+    into the output_dir it is given; posted keeps the order of the requests."""
+    from bench_helpers import LocalServer
 
-    def __init__(self) -> None:
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    def answer(path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        posted.append(path)
+        if path == "/start_profile":
+            trace = {"traceEvents": [_x("kernel", "k", 0, 1000, tid=7), _x("cpu_op", "op", 0, 2000)]}
+            (Path(body["output_dir"]) / "x-TP-0.trace.json").write_text(json.dumps(trace))
+        return 200, json.dumps({"text": "", "output_ids": [], "meta_info": {"completion_tokens": 0}}).encode()
 
-        posted = self.posted = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a: object) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                posted.append(self.path)
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                if self.path == "/start_profile":
-                    trace = {"traceEvents": [_x("kernel", "k", 0, 1000, tid=7), _x("cpu_op", "op", 0, 2000)]}
-                    (Path(body["output_dir"]) / "x-TP-0.trace.json").write_text(json.dumps(trace))
-                reply = json.dumps({"text": "", "output_ids": [], "meta_info": {"completion_tokens": 0}}).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def __enter__(self) -> _RecordingServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
+    return LocalServer(answer)
 
 
 def test_a_wave_too_short_to_reach_a_full_decode_batch_is_not_profiled(tmp_path: Path) -> None:
@@ -132,10 +111,11 @@ def test_a_wave_too_short_to_reach_a_full_decode_batch_is_not_profiled(tmp_path:
 
     log = tmp_path / "server.log"
     log.write_text("")  # this server never logs a decode batch
-    with _RecordingServer() as srv:
+    posted: list[str] = []
+    with _recording_server(posted) as srv:
         with pytest.raises(ProfileError, match="wave ended before"):
             profile_level(srv.url, ["a", "b"], 2, {}, out_dir=tmp_path / "p", log_path=log)
-    assert srv.posted == ["/generate", "/generate"], "the profiler must not be started"
+    assert posted == ["/generate", "/generate"], "the profiler must not be started"
 
 
 def test_the_wave_start_window_starts_the_profiler_before_the_wave(tmp_path: Path) -> None:
@@ -143,8 +123,9 @@ def test_the_wave_start_window_starts_the_profiler_before_the_wave(tmp_path: Pat
 
     log = tmp_path / "server.log"
     log.write_text("")  # no decode batch needed: nothing waits for one
-    with _RecordingServer() as srv:
+    posted: list[str] = []
+    with _recording_server(posted) as srv:
         summary = profile_level(srv.url, ["a", "b"], 2, {}, out_dir=tmp_path / "p", log_path=log,
                                 window=ProfileWindow.WAVE_START)
-    assert srv.posted == ["/start_profile", "/generate", "/generate"]
+    assert posted == ["/start_profile", "/generate", "/generate"]
     assert (summary.window_ms, summary.gpu_busy_ms, summary.note) == (2.0, 1.0, "")
