@@ -3,9 +3,9 @@ flight sends without a thread per request.
 
 A level's requests finish together at the end of each wave, and the next wave starts only as the
 client answers them. With a thread per request (`requests`, under the GIL) a wave of 250 took about
-0.41 s to turn around against an instant local server on two cores, against 0.07 s with this: time
-that lands in every wave boundary of the measured server. One connection per request
-(`Connection: close`), read to its end, is all SGLang's HTTP server needs.
+0.29 s to turn around against an instant local server on two cores, against 0.04 s with this: time
+that lands in every wave boundary of the measured server (docs/measurements.md, 2026-12-02). One connection per request
+(`Connection: close`), its reply read as long as it says it is, is all SGLang's HTTP server needs.
 """
 from __future__ import annotations
 
@@ -26,30 +26,35 @@ def _target(url: str, path: str) -> tuple[str, int, str]:
     return parts.hostname, parts.port or 80, parts.path.rstrip("/") + path
 
 
-def _dechunk(payload: bytes) -> bytes:
-    out, rest = b"", payload
-    while rest:
-        size_line, _, rest = rest.partition(b"\r\n")
-        size = int(size_line.split(b";")[0].strip() or b"0", 16)
-        if size == 0:
-            break
-        out, rest = out + rest[:size], rest[size + 2 :]
-    return out
-
-
-def parse_reply(raw: bytes) -> tuple[int, bytes]:
-    """The status and body of a whole HTTP/1.x reply."""
-    head, sep, payload = raw.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.split(b"\r\n")
+def _head(head: bytes) -> tuple[int, dict[bytes, bytes]]:
+    status_line, *header_lines = head.rstrip(b"\r\n").split(b"\r\n")
     fields = status_line.split(b" ", 2)
-    if not sep or len(fields) < 2 or not fields[0].startswith(b"HTTP/") or not fields[1].isdigit():
-        raise HttpError(f"not an HTTP reply: {raw[:80]!r}")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(b":") for h in header_lines)}
+    if len(fields) < 2 or not fields[0].startswith(b"HTTP/") or not fields[1].isdigit():
+        raise HttpError(f"not an HTTP reply: {head[:80]!r}")
+    return int(fields[1]), {k.strip().lower(): v.strip() for k, _, v in (h.partition(b":") for h in header_lines)}
+
+
+async def _chunks(reader: asyncio.StreamReader) -> bytes:
+    out = b""
+    while True:
+        size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
+        if size == 0:
+            return out
+        out += await reader.readexactly(size)
+        await reader.readexactly(2)  # the chunk's CRLF
+
+
+async def read_reply(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """The status and body of one HTTP/1.x reply: as long as it says, chunk by chunk, or to the end."""
+    try:
+        status, headers = _head(await reader.readuntil(b"\r\n\r\n"))
+    except asyncio.IncompleteReadError as e:
+        raise HttpError(f"not an HTTP reply: {e.partial[:80]!r}") from None
     if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
-        payload = _dechunk(payload)
-    elif b"content-length" in headers:
-        payload = payload[: int(headers[b"content-length"])]
-    return int(fields[1]), payload
+        return status, await _chunks(reader)
+    if b"content-length" in headers:
+        return status, await reader.readexactly(int(headers[b"content-length"]))
+    return status, await reader.read()
 
 
 async def post_json(url: str, path: str, body: dict[str, Any], timeout: float) -> tuple[int, bytes]:
@@ -59,13 +64,13 @@ async def post_json(url: str, path: str, body: dict[str, Any], timeout: float) -
     request = (f"POST {target} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
                f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode() + data
 
-    async def exchange() -> bytes:
+    async def exchange() -> tuple[int, bytes]:
         reader, writer = await asyncio.open_connection(host, port)
         try:
             writer.write(request)
             await writer.drain()
-            return await reader.read()
+            return await read_reply(reader)
         finally:
             writer.close()
 
-    return parse_reply(await asyncio.wait_for(exchange(), timeout))
+    return await asyncio.wait_for(exchange(), timeout)

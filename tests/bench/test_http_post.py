@@ -9,7 +9,17 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.http_post import HttpError, parse_reply, post_json  # noqa: E402
+from bench.http_post import HttpError, post_json, read_reply  # noqa: E402
+
+
+def parse_reply(raw: bytes) -> tuple[int, bytes]:
+    async def read() -> tuple[int, bytes]:
+        reader = asyncio.StreamReader()
+        reader.feed_data(raw)
+        reader.feed_eof()
+        return await read_reply(reader)
+
+    return asyncio.run(read())
 
 
 def test_a_sized_reply_is_cut_at_its_length() -> None:
@@ -35,3 +45,26 @@ def test_what_is_not_http_is_an_error(raw: bytes) -> None:
 def test_only_plain_http_urls() -> None:
     with pytest.raises(ValueError, match="plain http://host:port only"):
         asyncio.run(post_json("https://127.0.0.1:1", "/generate", {}, 1.0))
+
+
+def test_a_reply_is_read_without_waiting_for_the_server_to_close() -> None:
+    import time
+
+    async def run() -> tuple[tuple[int, bytes], float]:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nok")
+            await writer.drain()
+            await asyncio.sleep(5)  # keeps the connection open, whatever the request asked
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        t0 = time.perf_counter()
+        reply = await post_json(f"http://127.0.0.1:{port}", "/generate", {"text": "x"}, 10.0)
+        elapsed = time.perf_counter() - t0
+        server.close()
+        return reply, elapsed
+
+    reply, elapsed = asyncio.run(run())
+    assert reply == (200, b"ok") and elapsed < 2.0
