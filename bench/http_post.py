@@ -4,8 +4,9 @@ flight sends without a thread per request.
 A level's requests finish together at the end of each wave, and the next wave starts only as the
 client answers them. With a thread per request (`requests`, under the GIL) a wave of 250 took about
 0.29 s to turn around against an instant local server on two cores, against 0.04 s with this: time
-that lands in every wave boundary of the measured server (docs/measurements.md, 2026-12-02). One connection per request
-(`Connection: close`), its reply read as long as it says it is, is all SGLang's HTTP server needs.
+that lands in every wave boundary of the measured server (docs/measurements.md, 2026-12-02).
+One connection per request (`Connection: close`), its reply read as long as it says it is, is all
+SGLang's HTTP server needs.
 """
 from __future__ import annotations
 
@@ -35,26 +36,32 @@ def _head(head: bytes) -> tuple[int, dict[bytes, bytes]]:
 
 
 async def _chunks(reader: asyncio.StreamReader) -> bytes:
-    out = b""
+    out: list[bytes] = []
     while True:
         size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
         if size == 0:
-            return out
-        out += await reader.readexactly(size)
+            return b"".join(out)
+        out.append(await reader.readexactly(size))
         await reader.readexactly(2)  # the chunk's CRLF
 
 
-async def read_reply(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    """The status and body of one HTTP/1.x reply: as long as it says, chunk by chunk, or to the end."""
-    try:
-        status, headers = _head(await reader.readuntil(b"\r\n\r\n"))
-    except asyncio.IncompleteReadError as e:
-        raise HttpError(f"not an HTTP reply: {e.partial[:80]!r}") from None
+async def _body(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    status, headers = _head(await reader.readuntil(b"\r\n\r\n"))
     if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
         return status, await _chunks(reader)
     if b"content-length" in headers:
         return status, await reader.readexactly(int(headers[b"content-length"]))
     return status, await reader.read()
+
+
+async def read_reply(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """The status and body of one HTTP/1.x reply: as long as it says, chunk by chunk, or to the end."""
+    try:
+        return await _body(reader)
+    except asyncio.IncompleteReadError as e:
+        raise HttpError(f"the reply ended early: {e.partial[:80]!r}") from None
+    except (asyncio.LimitOverrunError, ValueError) as e:
+        raise HttpError(f"not an HTTP reply: {e}") from None
 
 
 async def post_json(url: str, path: str, body: dict[str, Any], timeout: float) -> tuple[int, bytes]:

@@ -36,9 +36,15 @@ def test_a_reply_read_to_its_end_needs_no_length() -> None:
     assert parse_reply(b"HTTP/1.0 200 OK\r\nServer: x\r\n\r\nbody") == (200, b"body")
 
 
-@pytest.mark.parametrize("raw", [b"", b"garbage", b"HTTP/1.1 OK\r\n\r\n", b"SSH-2.0-OpenSSH\r\n\r\n"])
-def test_what_is_not_http_is_an_error(raw: bytes) -> None:
-    with pytest.raises(HttpError, match="not an HTTP reply"):
+@pytest.mark.parametrize("raw,message", [
+    (b"", "ended early"), (b"garbage", "ended early"), (b"HTTP/1.1 OK\r\n\r\n", "not an HTTP reply"),
+    (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP reply"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", "ended early"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: ten\r\n\r\nshort", "not an HTTP reply"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "not an HTTP reply"),
+])
+def test_what_is_not_a_whole_http_reply_is_an_error(raw: bytes, message: str) -> None:
+    with pytest.raises(HttpError, match=message):
         parse_reply(raw)
 
 
