@@ -69,16 +69,6 @@ def _result(prompt: str, status: int, text: str, latency: float) -> Result:
                   completion_tokens=int(meta.get("completion_tokens", len(ids))), latency=latency, meta=meta)
 
 
-def generate(url: str, prompt: str, sampling: dict[str, Any], *, timeout: float = 600.0,
-             extra: dict[str, Any] | None = None) -> Result:
-    t0 = time.perf_counter()
-    try:
-        r = requests.post(url + "/generate", json=_request(prompt, sampling, extra), timeout=timeout)
-    except requests.RequestException as e:
-        return Result(prompt, latency=time.perf_counter() - t0, error=f"{type(e).__name__}: {e}")
-    return _result(prompt, r.status_code, r.text, time.perf_counter() - t0)
-
-
 async def _generate_async(url: str, prompt: str, sampling: dict[str, Any], timeout: float,
                           extra: dict[str, Any] | None) -> Result:
     t0 = time.perf_counter()

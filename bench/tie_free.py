@@ -42,10 +42,11 @@ def _least_margins(model: Any, rows: list[list[int]], new_tokens: int, device: s
     ids = torch.tensor(rows, device=device)
     least = torch.full((len(rows),), float("inf"), device=device)
     out = model(input_ids=ids, use_cache=True)
-    for _ in range(new_tokens):
+    for step in range(new_tokens):
         top2 = torch.log_softmax(out.logits[:, -1].float(), -1).topk(2, -1)
         least = torch.minimum(least, top2.values[:, 0] - top2.values[:, 1])
-        out = model(input_ids=top2.indices[:, :1], past_key_values=out.past_key_values, use_cache=True)
+        if step + 1 < new_tokens:  # the last token's successor is never scored
+            out = model(input_ids=top2.indices[:, :1], past_key_values=out.past_key_values, use_cache=True)
     return [float(v) for v in least.cpu()]
 
 

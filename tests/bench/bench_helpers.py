@@ -31,7 +31,7 @@ def user_results() -> RunResults:
     })
 
 
-def stepwise_greedy_margin(model: object, row: list[int], new_tokens: int) -> float:
+def stepwise_greedy_margin(model: Any, row: list[int], new_tokens: int) -> float:
     """A reference for bench.tie_free: one prompt, no padding and no KV cache, the whole sequence
     recomputed at every step; the least lead of the greedy token over the runner-up, in nats."""
     import torch
@@ -39,7 +39,7 @@ def stepwise_greedy_margin(model: object, row: list[int], new_tokens: int) -> fl
     ids, least = list(row), float("inf")
     with torch.no_grad():
         for _ in range(new_tokens):
-            logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].float()  # type: ignore[operator]
+            logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].float()
             top2 = torch.log_softmax(logits, -1).topk(2)
             least = min(least, float(top2.values[0] - top2.values[1]))
             ids.append(int(top2.indices[0]))

@@ -160,7 +160,8 @@ def ramp_prompts(levels: list[int] = RAMP, base: list[str] | None = None) -> lis
 
 
 def pair_flags(pair: str) -> list[str]:
-    """Flags every server of this pair gets, reference and speculative alike. The trained pair's
+    """Flags every ramp server of this pair gets (ref_run and the worker runs alike; the acceptance
+    tests' servers keep the pair's plain flags, the same on both sides of their ratio). The trained pair's
     greedy divergences sat at exact float16 logit ties (gaps of 0 and one float16 step, 2^-7):
     logits in float32 leave those to the hidden states' own rounding. Not for a model of the
     user's own (SGL_TEST_MODEL), whose LM head in float32 could take gigabytes per step."""

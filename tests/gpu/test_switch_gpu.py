@@ -54,7 +54,7 @@ def test_both_kinds_of_step(ctx: dict[str, Any], worker: str, pair: str) -> None
 TRAINED_CASES = [pytest.param(w, "trained", id=f"{w}-trained") for w in ("v1", "v2")]
 # The trained pair's ramp is held-out code, text like what its target learned, and its logits are
 # float32 (H.pair_flags): a divergence should be rare (English prompts and float16 logits: 5 of 479
-# flipped, at exact logit ties), and each must still be a near-tie. With float32 logits 5 of 479
+# flipped, at exact logit ties), and each must still be a near-tie. With float32 logits 4-5 of 479
 # code prompts still flipped, 5e-5 to 4e-4 nats from a tie, so the set keeps the prompts whose
 # greedy path is furthest from one (bench.tie_free).
 TRAINED_FLOOR = 0.99
