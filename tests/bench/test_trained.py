@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,9 @@ from bench.trained import TrainedParams, TrainingError, captured_layers
 TOY = TrainedParams(hidden=64, heads=4, kv_heads=2, intermediate=128, draft_intermediate=64, vocab=300,
                     corpus_bytes=300_000, seq_len=64, batch=8, target_steps=80, draft_steps=40, target_lr=3e-3,
                     gpu_bound_layers=12, prompt_count=16, prompt_candidates=40, prompt_new_tokens=8, device="cpu")
+CUDNN_ATTENTION_WARNING = (  # the warning of the 2026-12-02 generation on the H200
+    "cuDNN Attention defaults to a non-deterministic algorithm. To explicitly enable determinism call "
+    "torch.use_deterministic_algorithms(True, warn_only=False).")
 DRAFT_NAMES = {
     "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
     "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight", "midlayer.post_attention_layernorm.weight",
@@ -246,6 +250,31 @@ def test_the_same_seed_makes_the_same_set(fx: fixtures.Fixtures, tmp_path: Path)
     again = fixtures.generate(TOY, tmp_path, quiet=True)
     for name in ("target-trained", "draft-trained"):
         assert (again.path(name) / "model.safetensors").read_bytes() == (fx.path(name) / "model.safetensors").read_bytes()
+
+
+def test_training_runs_deterministic_kernels_and_math_attention_and_reports_what_is_not() -> None:
+    import torch
+
+    from bench.trained import deterministic_training
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cuda.flash_sdp_enabled())
+    with deterministic_training(7) as nondeterministic:
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        enabled = {name: getattr(torch.backends.cuda, f"{name}_sdp_enabled")()
+                   for name in ("math", "flash", "mem_efficient", "cudnn")}
+        assert enabled == {"math": True, "flash": False, "mem_efficient": False, "cudnn": False}, enabled
+        first = torch.rand(3)
+        for _ in range(2):  # no CPU kernel raises it: what SDPA's cuDNN backward raised on the H200, twice
+            warnings.warn(CUDNN_ATTENTION_WARNING, stacklevel=1)
+        warnings.warn("an unrelated warning", stacklevel=1)
+    assert nondeterministic == [CUDNN_ATTENTION_WARNING]
+    assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cuda.flash_sdp_enabled()) == before
+    with deterministic_training(7):
+        assert torch.equal(torch.rand(3), first), "seeded"
+
+
+def test_the_manifest_says_no_kernel_ran_nondeterministically(fx: fixtures.Fixtures) -> None:
+    assert _manifest(fx)["figures"]["nondeterministic"] == []
 
 
 def test_parameters_that_cannot_work_are_refused(tmp_path: Path) -> None:

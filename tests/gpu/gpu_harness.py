@@ -91,7 +91,14 @@ def trained_summary(root: Path) -> str:
             f"draft top-1 agreement per step {[round(a, 3) for a in f['draft_agreement']]} (chain estimate of the "
             f"accept length {f['draft_expected_accept_length']:.2f}); corpus {m['corpus']['files']} files, "
             f"{m['corpus']['bytes']} bytes, {m['corpus']['tokens']} tokens; draft/target weights "
-            f"{m['draft_to_target_weights']:.4f}; {prompts}seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in sec.items()))
+            f"{m['draft_to_target_weights']:.4f}; {prompts}{_nondeterministic(f)}seconds: "
+            + ", ".join(f"{k} {v:.0f}" for k, v in sec.items()))
+
+
+def _nondeterministic(figures: dict[str, Any]) -> str:
+    if "nondeterministic" not in figures:  # a set made before the generator recorded it
+        return ""
+    return f"nondeterministic kernels in training: {'; '.join(figures['nondeterministic']) or 'none'}; "
 
 
 @dataclass(frozen=True)
