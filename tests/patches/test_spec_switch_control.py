@@ -6,12 +6,13 @@ All of it is the patched SGLang code itself, run on CPU.
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import pytest
 import torch
 
 from sglang_cpu import make_server_args, write_tiny_llama_config
-from switch_helpers import forward_batch, verify_graph_runner
+from switch_helpers import forward_batch, v2_decode_batch, v2_env, verify_graph_runner
 
 
 def test_hysteresis_switches_once_per_crossing():
@@ -187,6 +188,36 @@ def test_prometheus_counters_follow_the_switch():
 
     value = lambda n: registry.get_sample_value(f"sglang:spec_switch_{n}_total", labels)  # noqa: E731
     assert (value("spec_steps"), value("fallback_steps"), value("switches")) == (2.0, 3.0, 3.0)
+
+
+def test_prometheus_counters_count_every_decode_step(tmp_path, monkeypatch):
+    """The counters move with the per-iteration hook every decode step runs, not only at the
+    decode log line (every --decode-log-interval steps), so /metrics holds a level's last steps."""
+    from prometheus_client import REGISTRY
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.metrics.collector import SchedulerMetricsCollector
+    from sglang.srt.server_args import get_global_server_args
+    from sglang.srt.speculative.spec_switch import SpecSwitch
+
+    batch, _ = v2_decode_batch(v2_env(tmp_path, monkeypatch))
+    labels = {"model_name": "every-step", "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
+              "moe_ep_rank": "0"}
+    scheduler = object.__new__(Scheduler)
+    scheduler.enable_metrics = True
+    scheduler.metrics_collector = SchedulerMetricsCollector(
+        labels=labels, server_args=get_global_server_args()
+    )
+    scheduler.scheduler_status_logger = None
+    switch = SpecSwitch(disable_batch_size=4, enable_batch_size=2)
+    scheduler.draft_worker = types.SimpleNamespace(spec_switch=switch)
+
+    counted = []
+    for bs in [1, 6, 6, 6, 1]:
+        switch.decide(bs)
+        scheduler.log_decode_stats_every_iteration(batch, num_accepted_tokens=0)
+        counted.append(tuple(REGISTRY.get_sample_value(f"sglang:spec_switch_{n}_total", labels)
+                             for n in ("spec_steps", "fallback_steps", "switches")))
+    assert counted == [(1, 0, 0), (1, 1, 1), (1, 2, 1), (1, 3, 1), (2, 3, 2)]
 
 
 def _batch_output(**fields):
