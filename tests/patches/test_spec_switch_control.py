@@ -195,9 +195,13 @@ def test_prometheus_counters_count_every_decode_step(tmp_path, monkeypatch):
     decode log line (every --decode-log-interval steps), so /metrics holds a level's last steps."""
     from prometheus_client import REGISTRY
     from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.metrics.collector import SchedulerMetricsCollector
     from sglang.srt.server_args import get_global_server_args
     from sglang.srt.speculative.spec_switch import SpecSwitch
+
+    try:
+        from sglang.srt.metrics.collector import SchedulerMetricsCollector
+    except ImportError:  # moved in v0.5.10
+        from sglang.srt.observability.metrics_collector import SchedulerMetricsCollector
 
     batch, _ = v2_decode_batch(v2_env(tmp_path, monkeypatch))
     labels = {"model_name": "every-step", "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
