@@ -28,6 +28,10 @@ from gpu_harness import SUMMARY
 pytestmark = [pytest.mark.gpu, pytest.mark.switch]
 
 BACKENDS = ["triton", "flashinfer"]
+# What SGLang 0.5.9 logs when the fused all-reduce's workspace is made (flashinfer_comm_fusion.py),
+# which it does only at a TP size above 1: the flag SGLang turns on for this architecture on SM90
+# must not fuse anything on one GPU.
+FUSION_WORKSPACE_LINE = "FlashInfer workspace initialized"
 CASES = [pytest.param(b, w, id=f"{b}-{w}") for b in BACKENDS for w in ("v1", "v2")]
 
 
@@ -53,7 +57,10 @@ def test_ramp_both_kinds_and_graphs(ctx: dict[str, Any], backend: str, worker: s
         f"{c.as_dict() if c else None}; fallback decode lines with bs <= {H.CUDA_GRAPH_MAX_BS}: {len(in_range)}, "
         f"cuda graph True: {len(in_range) - len(eager)}; attention_backend={_server_arg(run.log_text, 'attention_backend')} "
         f"decode={_server_arg(run.log_text, 'decode_attention_backend')} "
-        f"allreduce fusion={_server_arg(run.log_text, 'enable_flashinfer_allreduce_fusion')}")
+        f"allreduce fusion={_server_arg(run.log_text, 'enable_flashinfer_allreduce_fusion')}, "
+        f"its workspace initialized: {FUSION_WORKSPACE_LINE in run.log_text}")
+    assert FUSION_WORKSPACE_LINE not in run.log_text, (
+        f"the fused all-reduce set up its workspace at TP 1 ({run.log_path})")
     assert not run.errors, f"{len(run.errors)} request(s) failed, first: {run.errors[0]}\nlog: {run.log_path}"
     assert c is not None and c.spec_steps > 0 and c.fallback_steps > 0, f"counters {c} ({run.log_path})"
     assert in_range and not eager, f"fallback decode batches without a CUDA graph: {eager[:1]} ({run.log_path})"
