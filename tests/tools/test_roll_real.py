@@ -83,10 +83,8 @@ def _resolve(rebase_tree: Path, patch: str) -> None:
     subprocess.run(["git", "apply", "--index", str(fix)], cwd=rebase_tree, check=True)
 
 
-def test_roll_series_to_v0_5_10(tmp_path: Path, real_sdist: Path, monkeypatch: pytest.MonkeyPatch,
-                                capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("SGLANG_INDEX_URL", DEFAULT_INDEX_URL)
-    root = tmp_path / "proj"
+def _project_copy(root: Path) -> list[str]:
+    """The real series, its patch tests and the benchmark in root, plus the demo patch; returns the names."""
     (root / ".cache/sglang").mkdir(parents=True)
     # share the real project's download cache (archives and base commits) so CI downloads once
     real_cache = REAL_ROOT / ".cache/sglang/archives"
@@ -107,9 +105,12 @@ def test_roll_series_to_v0_5_10(tmp_path: Path, real_sdist: Path, monkeypatch: p
         shutil.copytree(REAL_ROOT / "bench", root / "bench", ignore=shutil.ignore_patterns("__pycache__"))
     (root / "tests/patches").mkdir(parents=True, exist_ok=True)
     (root / "tests/patches/test_toolkit_demo.py").write_text(DEMO_TEST)
-    declared = {n: read_patch(root / "patches" / n) for n in names}
-    upstreamed = {n for n, p in declared.items() if re.match(r"upstream since v0\.5\.(\d|10)\b", p.upstream_status)}
+    return names
 
+
+def _rebase_resolving(root: Path, names: list[str], upstreamed: set[str],
+                      capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """Rebase onto v0.5.10 with the recorded resolutions, dropping what is upstream; returns the resolved."""
     def tool(*a: str) -> int:
         return main(["--root", str(root), *a])
 
@@ -130,6 +131,10 @@ def test_roll_series_to_v0_5_10(tmp_path: Path, real_sdist: Path, monkeypatch: p
         rc = tool(*args, "--continue", "--drop")
         out, err = capsys.readouterr()
     assert rc == 0, out + err
+    return resolved
+
+
+def _check_report(root: Path, names: list[str], upstreamed: set[str], resolved: list[str]) -> None:
     report = (root / "build/rebase-v0.5.10.md").read_text()
     for n in names + ["zz-toolkit-demo.patch"]:
         if n in upstreamed:
@@ -140,21 +145,37 @@ def test_roll_series_to_v0_5_10(tmp_path: Path, real_sdist: Path, monkeypatch: p
         else:
             assert any(f"| {n} | {s}" in report for s in ("exact", "offset", "3-way merged")), (n, report)
     assert json.loads((root / "sglang.lock").read_text())["ref"] == "v0.5.10"
-    assert tool("apply") == 0
-    assert tool("check") == 0
-    capsys.readouterr()
 
-    # every CPU test of tests/patches (the upstreamed patch's included) on the rolled tree
+
+def _failed_patch_tests(root: Path, junit: Path) -> tuple[dict[str, int], str]:
+    """Every CPU test of tests/patches (the upstreamed patches' included) on the rolled tree: the
+    failures, and the end of pytest's output."""
     env = {**os.environ, "SGLANG_TREE": str(root / "build/sglang-v0.5.10")}
-    junit = tmp_path / "junit.xml"
     proc = subprocess.run([sys.executable, "-m", "pytest", "tests/patches", "-q", "-p", "no:cacheprovider",
                            f"--junitxml={junit}"], cwd=root, env=env, capture_output=True, text=True)
+    assert proc.returncode in (0, 1), proc.stdout[-4000:] + proc.stderr[-2000:]
     failed: dict[str, int] = {}
     for case in re.finditer(r'<testcase classname="([^"]+)" name="([^"\[]+)[^"]*"[^>]*?(/>|>(.*?)</testcase>)',
                             junit.read_text(), flags=re.S):
         if case.group(4) and re.search(r"<(failure|error)\b", case.group(4)):
             node = case.group(1).replace(".", "/") + ".py::" + case.group(2)
             failed[node] = failed.get(node, 0) + 1
-    assert proc.returncode in (0, 1), proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert failed == KNOWN_UPSTREAM_FAILURES, (failed, proc.stdout[-6000:])
+    return failed, proc.stdout[-6000:]
+
+
+def test_roll_series_to_v0_5_10(tmp_path: Path, real_sdist: Path, monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("SGLANG_INDEX_URL", DEFAULT_INDEX_URL)
+    root = tmp_path / "proj"
+    names = _project_copy(root)
+    declared = {n: read_patch(root / "patches" / n) for n in names}
+    upstreamed = {n for n, p in declared.items() if re.match(r"upstream since v0\.5\.(\d|10)\b", p.upstream_status)}
+    resolved = _rebase_resolving(root, names, upstreamed, capsys)
+    _check_report(root, names, upstreamed, resolved)
+    assert main(["--root", str(root), "apply"]) == 0
+    assert main(["--root", str(root), "check"]) == 0
+    capsys.readouterr()
+    junit = tmp_path / "junit.xml"
+    failed, output = _failed_patch_tests(root, junit)
+    assert failed == KNOWN_UPSTREAM_FAILURES, (failed, output)
     assert 'classname="tests.patches.test_toolkit_demo" name="test_marker"' in junit.read_text()
