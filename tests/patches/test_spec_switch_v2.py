@@ -109,6 +109,14 @@ def test_next_lengths_are_published_before_the_target_forward(env):
     assert batch.seq_lens.tolist() == (s + 1).tolist()
 
 
+def _assert_new_slots_avoid(req_to_token, reqs, allocated_before, *in_use):
+    """The KV slots each request reserved past allocated_before are none of in_use's."""
+    taken = set().union(*(set(t.flatten().tolist()) for t in in_use))
+    for req, before in zip(reqs, allocated_before, strict=True):
+        new_slots = req_to_token[req.req_pool_idx, before : req.kv_allocated_len]
+        assert not set(new_slots.tolist()) & taken, (req.rid, new_slots.tolist())
+
+
 def test_next_batch_prepared_while_a_fallback_runs_leaves_its_slots_alone(env):
     """Two fallback steps in the overlap loop's order, with the next batch prepared early.
 
@@ -156,10 +164,9 @@ def test_next_batch_prepared_while_a_fallback_runs_leaves_its_slots_alone(env):
     assert all(r.kv_allocated_len > before for r, before in zip(reqs, allocated_before, strict=False))
     assert torch.equal(req_to_token[rows.unsqueeze(1), window], read_by_step2)
     assert mwb2.out_cache_loc.tolist() == read_by_step2[:, 0].tolist()
-    for req, before in zip(reqs, allocated_before, strict=False):
-        new_slots = req_to_token[req.req_pool_idx, before : req.kv_allocated_len]
-        assert not set(new_slots.tolist()) & set(read_by_step2.flatten().tolist())
-        assert not set(new_slots.tolist()) & set(mwb1.out_cache_loc.tolist())
+    _assert_new_slots_avoid(
+        req_to_token, reqs, allocated_before, read_by_step2, mwb1.out_cache_loc
+    )
 
     result2 = finish(entry2, [500, 501, 502])
     assert scheduler._resolve_spec_overlap_token_ids(result2, batch) == [[500], [501], [502]]
