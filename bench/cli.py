@@ -162,7 +162,7 @@ def refuse_unsupported(cfgs: list[Config], tree: Path) -> None:
         raise BenchUsageError(f"the SGLang in {tree} lacks what these configs need: {'; '.join(problems)}. "
                               "Leave them out of --configs, or point --tree at a tree that has them (the "
                               "switch configs need this series' v0.5.9 line; adaptive-* need SGLang 0.5.11+, "
-                              "adaptive-v2-off-skip 0.5.14+).")
+                              "adaptive-v2-off-skip 0.5.14+, adaptive-v2-off-plain* this series' v0.5.15 line).")
 
 
 def run_config(cfg: Config, settings: RunSettings, target: RunTarget, results: RunResults) -> None:

@@ -14,6 +14,8 @@ EAGLE_V1_S2 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "
                "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"]
 V2_ENV = {"SGLANG_ENABLE_SPEC_V2": "1"}
 SKIP_ZERO_STEP_DRAFT_EXTEND = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
+# The v0.5.15 line's plain-decode patch: a steps=0 batch as a plain target DECODE.
+ZERO_STEP_PLAIN_DECODE = "SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE"
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,18 @@ CONFIGS: dict[str, Config] = {c.name: c for c in [
            baseline="spec-v2", since="v0.5.14", env_needed=(SKIP_ZERO_STEP_DRAFT_EXTEND,),
            help=f"adaptive-v2-off with {SKIP_ZERO_STEP_DRAFT_EXTEND}=1: no draft extend in a steps=0 batch "
                 "(SGLang 0.5.14+)"),
+    # Our fallback under upstream's tiers (the v0.5.15 line's plain-decode patch): a steps=0 batch is a
+    # plain DECODE on DECODE graphs, with upstream's draft extend after it, or without it (-skip).
+    Config("adaptive-v2-off-plain", EAGLE_V2 + ["--speculative-adaptive"],
+           {ZERO_STEP_PLAIN_DECODE: "1"}, adaptive_tiers=True, compare_to=("nospec", "spec-v2"),
+           baseline="spec-v2", since="v0.5.15", env_needed=(ZERO_STEP_PLAIN_DECODE,),
+           help=f"adaptive-v2-off with {ZERO_STEP_PLAIN_DECODE}=1: a steps=0 batch runs as a plain decode "
+                "(the v0.5.15 line's plain-decode patch)"),
+    Config("adaptive-v2-off-plain-skip", EAGLE_V2 + ["--speculative-adaptive"],
+           {ZERO_STEP_PLAIN_DECODE: "1", SKIP_ZERO_STEP_DRAFT_EXTEND: "1"}, adaptive_tiers=True,
+           compare_to=("nospec", "spec-v2"), baseline="spec-v2", since="v0.5.15",
+           env_needed=(ZERO_STEP_PLAIN_DECODE, SKIP_ZERO_STEP_DRAFT_EXTEND),
+           help="adaptive-v2-off-plain without the draft extend in a steps=0 batch"),
     Config("spec-s2", EAGLE_V1_S2, help="reduced: v1, topk 1, 2 steps, 3 draft tokens"),
     Config("switch-s2", EAGLE_V1_S2, switch=True, compare_to=("nospec", "spec-s2"), baseline="spec-s2",
            help="reduced v1 speculation with the switch"),

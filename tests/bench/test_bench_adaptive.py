@@ -61,9 +61,12 @@ def test_adaptive_configs_are_v2_with_thresholds_after_the_baselines() -> None:
     off = CONFIGS["adaptive-v2-off"]
     assert off.needs_thresholds and not off.switch and "--speculative-adaptive" in off.flags
     assert "speculative_adaptive_config" in off.server_args_needed()
-    assert {c.name for c in CONFIGS.values() if c.since} == {"adaptive-v2", "adaptive-v2-off", "adaptive-v2-off-skip"}
-    skip = CONFIGS["adaptive-v2-off-skip"]
-    assert skip.flags == off.flags and skip.adaptive_tiers and skip.env == {**off.env, **dict.fromkeys(skip.env_needed, "1")}
+    assert {c.name for c in CONFIGS.values() if c.since} == {
+        "adaptive-v2", "adaptive-v2-off", "adaptive-v2-off-skip", "adaptive-v2-off-plain", "adaptive-v2-off-plain-skip"}
+    for name in ("adaptive-v2-off-skip", "adaptive-v2-off-plain", "adaptive-v2-off-plain-skip"):
+        variant = CONFIGS[name]
+        assert variant.flags == off.flags and variant.adaptive_tiers, name
+        assert variant.env == {**off.env, **dict.fromkeys(variant.env_needed, "1")}, name
 
 
 def test_configs_the_tree_cannot_run_are_refused_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -93,3 +96,9 @@ def test_a_config_whose_environment_switch_the_tree_lacks_is_refused(tmp_path: P
     assert "adaptive-v2-off-skip needs SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND (environment)" in err
     assert "adaptive-v2-off needs" not in err and "0.5.14" in err
     cli.refuse_unsupported([CONFIGS["adaptive-v2-off-skip"]], after)  # declared there: accepted
+    # Upstream 0.5.15 has no plain-decode switch; this series' v0.5.15 line declares it.
+    assert cli.main(["--configs", "nospec,adaptive-v2-off-plain", "--tree", str(after), "--out", out]) == 2
+    assert "adaptive-v2-off-plain needs SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE (environment)" in capsys.readouterr().err
+    with (after / "python" / "sglang" / "srt" / "environ.py").open("a") as environ:
+        environ.write("    SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE = EnvBool(False)\n")
+    cli.refuse_unsupported([CONFIGS["adaptive-v2-off-plain"], CONFIGS["adaptive-v2-off-plain-skip"]], after)

@@ -1,0 +1,65 @@
+"""The v0.5.15 line's plain-decode patch on a GPU: upstream's --speculative-adaptive with the "off
+above N" tier file and SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE=1 serves the ramp, its steps=0 batches
+replay the DECODE graphs the patch captures for that state, and its greedy outputs equal a plain
+server's (the trained pair, where a divergence away from a near-tie is a bug).
+
+Skipped on a tree whose SGLang does not read the variable (upstream, and the v0.5.9 line).
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.configs import ZERO_STEP_PLAIN_DECODE, write_off_above_tiers
+from bench.server import missing_environ
+
+import gpu_harness as H
+from gpu_harness import SUMMARY
+
+pytestmark = pytest.mark.gpu
+STEPS = 3  # the v2 worker's --speculative-num-steps in the harness
+PAIR = "trained"
+
+
+@pytest.fixture(scope="module")
+def ctx(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
+    if missing_environ(sgl_tree, [ZERO_STEP_PLAIN_DECODE]):
+        pytest.skip(f"the SGLang in {sgl_tree} does not read {ZERO_STEP_PLAIN_DECODE} (the v0.5.15 line's patch)")
+    return H.ramp_context(sgl_tree, log_dir, fixture_models)
+
+
+def plain_decode_run(ctx: dict[str, Any]) -> H.Run:
+    """The adaptive server, off above H.DISABLE, with steps=0 batches as plain decodes, on the ramp."""
+    name = f"adaptive-plain-v2-{PAIR}"
+    tiers = write_off_above_tiers(ctx["logs"] / f"{name}-tiers.json", H.DISABLE, STEPS)
+    spec = H.always_spec(H.models_for(PAIR, ctx["fx"]), "v2", H.tp_size(),
+                         extra=["--speculative-adaptive", "--speculative-adaptive-config", str(tiers),
+                                *H.pair_flags(PAIR)])
+    spec = dataclasses.replace(spec, env={**spec.env, ZERO_STEP_PLAIN_DECODE: "1"})
+    return H.once(name, lambda: H.run_server(name, spec, ctx["tree"], ctx["logs"], H.groups_for(ctx, PAIR),
+                                             H.GREEDY))
+
+
+def test_serves_the_ramp_off_above_n_on_decode_graphs(ctx: dict[str, Any]) -> None:
+    run = plain_decode_run(ctx)
+    switches = [line.split("Switch adaptive runtime state: ")[-1] for line in run.log_text.splitlines()
+                if "Switch adaptive runtime state" in line]
+    in_range, eager = H.fallback_graph_replays(run)
+    SUMMARY.append(f"[adaptive plain-decode {PAIR}] {len(run.results)} requests, {len(run.errors)} errors; "
+                   f"{len(in_range)} decode log lines above a batch of {H.DISABLE + 1} with a graph size, "
+                   f"{len(eager)} of them eager; state switches {len(switches)}; log {run.log_path}")
+    assert not run.errors, f"{len(run.errors)} request(s) failed, first: {run.errors[0]}\nlog: {run.log_path}"
+    assert any("-> 0" in s for s in switches) and any(f"-> {STEPS}" in s for s in switches), (
+        f"expected the tiers to turn speculation off and back on ({run.log_path}): {switches[:4]}")
+    assert in_range, f"no decode log line at a batch above {H.DISABLE + 1} with a graph size ({run.log_path})"
+    assert not eager, (f"{len(eager)} steps=0 decode lines ran eagerly, first at a batch of {eager[0].batch_size}: "
+                       f"the steps=0 state's DECODE graphs were not replayed ({run.log_path})")
+
+
+def test_greedy_outputs_equal_a_plain_server(ctx: dict[str, Any]) -> None:
+    cmp = H.compare(plain_decode_run(ctx), H.ref_run(ctx, PAIR))
+    SUMMARY.append(f"[adaptive plain-decode {PAIR}] {cmp.line()}")
+    assert not cmp.not_near_tie, f"greedy outputs diverge where the target is not near a tie: {cmp.not_near_tie[0]}"
