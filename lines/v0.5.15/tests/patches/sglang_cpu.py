@@ -1,0 +1,330 @@
+"""Real SGLang 0.5.15 scheduler objects on CPU, and torch references for the triton kernels they launch.
+
+Everything here is SGLang's own code (pools, allocator, FutureMap, Req, ScheduleBatch,
+SamplingBatchInfo, EagleDraftInput), except the triton kernels, which cannot launch without a GPU:
+`use_torch_kernels` swaps each one, where SGLang's modules look it up, for a torch loop computing
+the same thing. SGLang is imported inside the functions: conftest puts the tree on sys.path first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from array import array
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
+
+import torch
+
+if TYPE_CHECKING:  # annotations only: SGLang is importable once conftest has set sys.path
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.server_args import ServerArgs
+
+HIDDEN = 64
+VOCAB = 512
+NUM_LAYERS = 8
+TOPK = 1
+
+
+def write_tiny_llama_config(path: Path) -> Path:
+    """A local HF config, so ModelConfig is the real class without any download."""
+    path.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "float32",
+        "hidden_size": HIDDEN, "intermediate_size": 4 * HIDDEN, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "num_hidden_layers": NUM_LAYERS, "vocab_size": VOCAB,
+        "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "eos_token_id": 2, "bos_token_id": 1,
+    }  # fmt: skip
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def server_args_with_defaults(**overrides: Any) -> ServerArgs:
+    """A ServerArgs holding its field defaults, without __post_init__'s GPU probing.
+
+    Every field is set on the instance: 0.5.15's runtime context resolves its flags
+    (`get_flags().attn.backend`, page_size, ...) from instance fields, and treats an instance
+    without them as a field-less sentinel.
+    """
+    from sglang.srt.server_args import ServerArgs
+
+    args = object.__new__(ServerArgs)
+    for field in dataclasses.fields(ServerArgs):
+        factory = field.default_factory
+        default = field.default if factory is dataclasses.MISSING else factory()
+        setattr(args, field.name, None if default is dataclasses.MISSING else default)
+    for key, value in overrides.items():
+        setattr(args, key, value)
+    return args
+
+
+def make_server_args(model_path: Path, **overrides: Any) -> ServerArgs:
+    """The global ServerArgs the scheduler objects read, set up for a CPU EAGLE-3 (spec v2) batch."""
+    from sglang.srt.server_args import set_global_server_args_for_scheduler
+
+    settings = {
+        "model_path": str(model_path), "device": "cpu", "page_size": 1,
+        # SGLang's own non-triton path for writing req_to_token at prefill (write_cache_indices).
+        "attention_backend": "torch_native",
+        "speculative_algorithm": "EAGLE3", "speculative_num_steps": 3,
+        "speculative_eagle_topk": TOPK, "speculative_num_draft_tokens": 4,
+    }  # fmt: skip
+    args = server_args_with_defaults(**{**settings, **overrides})
+    # Publishing resolves the flags from these fields; set them before, not after.
+    set_global_server_args_for_scheduler(args)
+    return args
+
+
+@dataclasses.dataclass
+class Pools:
+    """What the scheduler owns for one TP rank: config, pools, allocator, prefix cache, FutureMap."""
+
+    model_config: Any
+    req_to_token_pool: Any
+    kv_pool: Any
+    allocator: Any
+    tree_cache: Any
+    future_map: Any
+
+
+def make_pools(model_path: Path, max_reqs: int = 64, max_tokens: int = 8192) -> Pools:
+    """Real pools for the tiny config; ChunkCache(is_eagle) is the prefix cache of --disable-radix-cache."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.managers.overlap_utils import FutureMap
+    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.chunk_cache import ChunkCache
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    model_config = ModelConfig(str(model_path))
+    req_to_token_pool = ReqToTokenPool(size=max_reqs, max_context_len=1024, device="cpu", enable_memory_saver=False)
+    kv_pool = MHATokenToKVPool(
+        size=max_tokens, page_size=1, dtype=torch.float32, head_num=2, head_dim=HIDDEN // 4,
+        layer_num=NUM_LAYERS, device="cpu", enable_memory_saver=False, enable_alt_stream=False,
+    )  # fmt: skip
+    allocator = TokenToKVPoolAllocator(size=max_tokens, dtype=torch.float32, device="cpu", kvcache=kv_pool, need_sort=False)
+    params = CacheInitParams(True, req_to_token_pool, allocator, page_size=1, is_eagle=True)  # disable=True
+    # needs_cpu_seq_lens: torch_native declares no opt-out, so the scheduler keeps the CPU mirror.
+    future_map = FutureMap(torch.device("cpu"), SpeculativeAlgorithm.EAGLE3, req_to_token_pool, needs_cpu_seq_lens=True)
+    return Pools(model_config, req_to_token_pool, kv_pool, allocator, ChunkCache(params), future_map)
+
+
+def make_req(
+    rid: str, prompt_len: int, *, max_new_tokens: int = 64, stop_token_ids: Optional[List[int]] = None,
+    sampling: Optional[dict] = None, return_logprob: bool = False, top_logprobs_num: int = 0,
+) -> Req:  # fmt: skip
+    """A Req as the scheduler builds it from a TokenizedGenerateReqInput (input ids as array('q'))."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    params = SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids, **(sampling or {}))
+    params.normalize(None)
+    params.verify(VOCAB)
+    input_ids = array("q", [(7 * i + len(rid)) % (VOCAB - 10) + 10 for i in range(prompt_len)])
+    logprobs = {"return_logprob": return_logprob, "top_logprobs_num": top_logprobs_num}
+    return Req(rid, "", input_ids, params, vocab_size=VOCAB, eos_token_ids={2}, **logprobs)
+
+
+def _finish_prefill(pools: Pools, batch: ScheduleBatch, first_tokens: Sequence[int]) -> None:
+    """The overlap scheduler's run_batch + output processing of the prefill, minus the forward.
+
+    What the v2 worker hands back is stood in for: its new_seq_lens (the prompt lengths: spec v2
+    counts a length before the step's tokens) is published, and its next draft input is stashed,
+    as Scheduler.run_batch / _relay_forward_payload do.
+    """
+    from sglang.srt.managers.overlap_utils import RelayPayload, resolve_forward_inputs
+    from sglang.srt.mem_cache.common import maybe_cache_unfinished_req
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    fm, bs, future_indices = pools.future_map, len(batch.reqs), batch.req_pool_indices
+    resolve_forward_inputs(batch, fm)  # the prompt tokens' H2D (prefill_input_ids_cpu -> input_ids)
+    fm.publish(future_indices, batch.seq_lens)
+    # Shapes/dtypes of _draft_extend_for_prefill's output: fast_topk over float32 probs, LAST hidden.
+    draft = EagleDraftInput(
+        topk_p=torch.full((bs, TOPK), 1.0 / TOPK), topk_index=torch.arange(TOPK).repeat(bs, 1) + 10,
+        hidden_states=torch.randn(bs, HIDDEN), num_tokens_per_req=1, num_tokens_for_logprob_per_req=1,
+        bonus_tokens=torch.tensor(first_tokens, dtype=torch.int32),  # the sampler's next_token_ids
+    )  # fmt: skip
+    fm.stash(future_indices, RelayPayload.from_draft_input(draft))
+    batch.input_ids = None  # next iteration's input ids are relayed through the FutureMap
+    batch.spec_info, draft.future_indices = draft, future_indices
+    for req, token in zip(batch.reqs, first_tokens, strict=True):
+        req.output_ids.append(token)
+        req.update_finish_state()
+        if req.finished():
+            raise AssertionError(f"{req.rid} finished at its first token; the decode batch needs it running")
+        maybe_cache_unfinished_req(req, pools.tree_cache)
+
+
+def _resolve_decode_inputs(pools: Pools, batch: ScheduleBatch) -> None:
+    """run_batch's resolution before the worker call: seq lens, spec extras, forward-only sampling.
+
+    FutureMap._resolve_spec_extras is not called: its `indices.record_stream(...)` has no CPU
+    stream. Its result is read from the same FutureMap buffers (gather_spec_extras is a row gather).
+    """
+    fm = pools.future_map
+    fm.resolve_seq_lens_cpu(batch)  # seq_lens = new_seq_lens_buf[fi], then its CPU mirror and sum
+    draft, fi = batch.spec_info, batch.spec_info.future_indices
+    draft.topk_p, draft.topk_index = fm.topk_p_buf[fi], fm.topk_index_buf[fi]
+    draft.bonus_tokens, draft.hidden_states = fm.output_tokens_buf[fi], fm.hidden_states_buf[fi]
+    # Scheduler._forward_isolation hands the worker a copy without the penalizer orchestrator.
+    batch.sampling_info = batch.sampling_info.copy_for_forward()
+
+
+def _check_decode_state(pools: Pools, batch: ScheduleBatch, committed: List[int]) -> None:
+    """Fail loudly where a wrong set-up would let a test pass: lengths, reserved slots, draft input."""
+    from sglang.srt.mem_cache.common import get_alloc_reserve_per_decode
+
+    reserve, r2t = get_alloc_reserve_per_decode(), pools.req_to_token_pool.req_to_token
+    checks = {
+        "seq_lens": (batch.seq_lens.tolist(), committed),
+        "seq_lens_cpu": (batch.seq_lens_cpu.tolist(), committed),
+        "seq_lens_sum": (batch.seq_lens_sum, sum(committed)),
+        "kv_committed_len": ([r.kv_committed_len for r in batch.reqs], committed),
+        "kv_allocated_len": ([r.kv_allocated_len for r in batch.reqs], [s + reserve for s in committed]),
+        "bonus_tokens": (batch.spec_info.bonus_tokens.tolist(), [r.output_ids[-1] for r in batch.reqs]),
+    }
+    for name, (got, want) in checks.items():
+        if got != want:
+            raise AssertionError(f"decode batch {name} is {got}, expected {want}")
+    slots = torch.cat([r2t[r.req_pool_idx, : r.kv_allocated_len] for r in batch.reqs])
+    if bool((slots <= 0).any()) or slots.unique().numel() != slots.numel():
+        raise AssertionError("req_to_token rows up to kv_allocated_len must hold distinct, allocated KV slots")
+
+
+def spec_v2_decode_batch(pools: Pools, reqs: Sequence[Req], first_tokens: Sequence[int]) -> ScheduleBatch:
+    """A speculative decode batch as 0.5.15's overlap scheduler holds it at the v2 worker's
+    forward_batch_generation for the first decode step after prefill.
+
+    Prefill, FutureMap publish/stash, output processing, then update_running_batch's
+    check_decode_mem + prepare_for_decode (eagle_prepare_for_decode: reserves KV ahead), then
+    run_batch's FutureMap resolution. batch.seq_lens = length BEFORE this step's token (the bonus
+    token's KV is written by the verify forward). As in the scheduler, input_ids is None and
+    out_cache_loc is still the prefill's (eagle_prepare_for_decode writes the reserved slots into
+    req_to_token only; the worker's draft sets its own). Needs `use_torch_kernels` active.
+    """
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    for req in reqs:
+        req.init_next_round_input(pools.tree_cache)
+        # PrefillAdder.add_one_req, non-chunked: the whole unmatched fill is this prefill's range.
+        req.set_extend_range(len(req.prefix_indices), len(req.full_untruncated_fill_ids))
+    batch = ScheduleBatch.init_new(
+        list(reqs), pools.req_to_token_pool, pools.allocator, pools.tree_cache, pools.model_config,
+        enable_overlap=True, spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+    )  # fmt: skip
+    batch.prepare_for_extend()  # also builds sampling_info (SamplingBatchInfo.from_schedule_batch)
+    committed = [len(r.origin_input_ids) for r in reqs]
+    if batch.seq_lens.tolist() != committed:
+        raise AssertionError(f"the prefill left seq_lens {batch.seq_lens.tolist()} for prompts of {committed}")
+    _finish_prefill(pools, batch, first_tokens)
+    if not batch.check_decode_mem():
+        raise AssertionError("the KV pool cannot hold the decode reservation; raise max_tokens")
+    batch.prepare_for_decode()
+    _resolve_decode_inputs(pools, batch)
+    _check_decode_state(pools, batch, committed)
+    return batch
+
+
+def model_runner_for_forward_batch(pools: Pools, server_args: ServerArgs) -> ModelRunner:
+    """A ModelRunner without __init__ (no model, no GPU), holding what ForwardBatch.init_new reads:
+
+    device (tensors it builds), server_args (attention_backend for extend positions, enable_lora),
+    use_ngram_embedding and model_is_mrope (position/embedding branches; computed from the config
+    as ModelRunner.__init__ does), model_config (for callers that read it next to the batch).
+    init_new also reads get_parallel().moe_ep_size: call init_single_rank_groups() first.
+    """
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    runner = object.__new__(ModelRunner)
+    runner.device, runner.server_args, runner.model_config = server_args.device, server_args, pools.model_config
+    runner.use_ngram_embedding = pools.model_config.use_ngram_embedding
+    hf = pools.model_config.hf_text_config  # rope_scaling as ModelRunner.__init__ reads it
+    rope_scaling = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", {})
+    runner.model_is_mrope = rope_scaling is not None and "mrope_section" in rope_scaling
+    return runner
+
+
+# ---- torch references for the triton kernels on these paths --------------------------------
+
+
+class Launcher:
+    """`kernel[grid](*args)` calls `fn(*args)`, like a triton JIT function."""
+
+    def __init__(self, fn: Callable[..., None]):
+        self.fn = fn
+
+    def __getitem__(self, grid: Any) -> Callable[..., None]:
+        return self.fn
+
+
+def _assign_req_to_token_pool(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, *_constexprs):
+    # Program i writes req_to_token[pool_idx_i, start_i:end_i] from out_cache_loc, starting at
+    # the sum of the earlier requests' (end - start).
+    pt = 0
+    for i in range(req_pool_indices.numel()):
+        start, end = int(start_offset[i]), int(end_offset[i])
+        req_to_token[req_pool_indices[i], start:end] = out_cache_loc[pt : pt + end - start].to(req_to_token.dtype)
+        pt += end - start
+
+
+def _assign_extend_cache_locs(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, *_constexprs):
+    # The reverse gather: out_cache_loc, at the same running offset, takes request i's slots
+    # req_to_token[pool_idx_i, start_i:end_i].
+    pt = 0
+    for i in range(req_pool_indices.numel()):
+        start, end = int(start_offset[i]), int(end_offset[i])
+        out_cache_loc[pt : pt + end - start] = req_to_token[req_pool_indices[i], start:end]
+        pt += end - start
+
+
+def _assign_draft_cache_locs_contiguous(req_pool_indices, req_to_token, seq_lens, out_cache_loc, _pool_len, topk, steps):
+    # Program i copies topk*steps slots of req_to_token from position seq_len_i into
+    # out_cache_loc[i*topk*steps:], the draft steps' write targets.
+    n = topk * steps
+    for i in range(req_pool_indices.numel()):
+        s = int(seq_lens[i])
+        out_cache_loc[i * n : (i + 1) * n] = req_to_token[req_pool_indices[i], s : s + n]
+
+
+def use_torch_kernels(monkeypatch) -> None:
+    """Swap the cache-location triton kernels for the torch references above, where looked up at launch:
+
+    in cache_locs, for its wrappers assign_req_to_token_pool_func / assign_extend_cache_locs_func (which
+    every importer - eagle_utils, spec_utils, ngram_worker, dflash_* - calls into) and for
+    base_spec_worker's lazy import; in spec_utils, whose move_accept_tokens launches its re-export.
+    """
+    import sglang.srt.speculative.spec_utils as spec_utils
+    import sglang.srt.speculative.triton_ops.cache_locs as cache_locs
+
+    for fn in (_assign_req_to_token_pool, _assign_extend_cache_locs, _assign_draft_cache_locs_contiguous):
+        name = fn.__name__.lstrip("_")
+        monkeypatch.setattr(cache_locs, name, Launcher(fn))
+        if hasattr(spec_utils, name):
+            monkeypatch.setattr(spec_utils, name, Launcher(fn))
+    # assign_extend_cache_locs_func has no CPU branch (it returns None there); take its CUDA
+    # branch, which allocates the int64 result and launches the kernel replaced above.
+    monkeypatch.setattr(cache_locs, "_is_cuda", True)
+
+
+def init_single_rank_groups() -> None:
+    """SGLang's own process groups for one rank (gloo), as a TP1 server sets them up.
+
+    ForwardBatch.init_new needs them: it reads get_parallel().moe_ep_size (the MoE-EP group).
+    """
+    import socket
+
+    from sglang.srt.distributed import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    parallel_state.init_distributed_environment(
+        world_size=1, rank=0, local_rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo"
+    )
+    parallel_state.initialize_model_parallel(backend="gloo")

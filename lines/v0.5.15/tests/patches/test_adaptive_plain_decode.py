@@ -1,0 +1,267 @@
+"""The plain-decode patch (v0.5.15 line): adaptive spec's steps=0 batches as plain target decodes.
+
+Real SGLang 0.5.15 objects on CPU: the graph runner's mode check, the decision which batches take
+the plain route, and the step itself on a speculative decode batch built by a real prefill; the
+target model's forward is the one thing stood in for (it records what it was given and samples
+tokens the test chooses).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+
+def graph_runner(*, plain_decode: bool, max_bs: int):
+    """A DecodeCudaGraphRunner of an EAGLE-3 target as its mode check sees it (capture not run):
+    the steps=0 state's with the patch (DECODE, one token a request), or a TARGET_VERIFY one."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    runner = object.__new__(DecodeCudaGraphRunner)
+    runner.plain_decode = plain_decode
+    runner.require_mlp_tp_gather = runner.require_mlp_sync = False
+    runner.enable_pdmux = runner.disable_padding = False
+    runner.is_encoder_decoder = runner.enable_two_batch_overlap = False
+    runner.max_bs = max_bs
+    runner.capture_forward_mode = ForwardMode.DECODE if plain_decode else ForwardMode.TARGET_VERIFY
+    runner.capture_hidden_mode = CaptureHiddenMode.FULL
+    runner.num_tokens_per_bs = 1
+    runner.model_runner = type("ModelRunner", (), {"spec_algorithm": SpeculativeAlgorithm.EAGLE3})()
+    return runner
+
+
+def mode_batch(mode, bs: int):
+    """A one-token-a-request ForwardBatch of this mode."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
+
+    return ForwardBatch(
+        forward_mode=mode,
+        batch_size=bs,
+        input_ids=torch.zeros(bs, dtype=torch.int64),
+        req_pool_indices=torch.arange(bs),
+        seq_lens=torch.full((bs,), 10),
+        out_cache_loc=torch.zeros(bs, dtype=torch.int64),
+        seq_lens_sum=10 * bs,
+        capture_hidden_mode=CaptureHiddenMode.FULL,
+    )
+
+
+@pytest.mark.parametrize(
+    ("plain_decode", "accepted", "refused"),
+    [(True, "DECODE", "TARGET_VERIFY"), (False, "TARGET_VERIFY", "DECODE")],
+)
+def test_each_graph_set_replays_only_its_own_mode(plain_decode, accepted, refused):
+    """Adaptive spec swaps one target runner per step count into place; with the patch the steps=0
+    one captures DECODE. A grammar or logprob batch of that state still runs a one-token verify,
+    which must not replay the DECODE graphs (nor a decode batch a TARGET_VERIFY set)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    runner = graph_runner(plain_decode=plain_decode, max_bs=64)
+    assert runner.can_run_graph(mode_batch(ForwardMode[accepted], bs=40))
+    assert not runner.can_run_graph(mode_batch(ForwardMode[refused], bs=40))
+    assert not runner.can_run_graph(mode_batch(ForwardMode[accepted], bs=65))
+
+
+def test_the_plain_decode_set_is_captured_without_a_verify_input():
+    """A DECODE batch carrying a spec_info is a draft decode to the triton backend; the plain
+    decode graphs are captured as a non-speculative server captures its own."""
+    assert graph_runner(plain_decode=True, max_bs=8).get_spec_info(8) is None
+
+
+NUM_REQS = 4
+SAMPLED = [300 + i for i in range(NUM_REQS)]
+
+
+class RecordingTarget:
+    """The target worker's forward, stood in for: it builds the ForwardBatch as the real worker does
+    (ForwardBatch.init_new, SGLang's own), records it, and samples the tokens the test chose."""
+
+    def __init__(self, pools, server_args, events):
+        from sglang.srt.model_executor import model_runner as model_runner_module
+
+        from sglang_cpu import model_runner_for_forward_batch
+
+        self.model_runner = model_runner_for_forward_batch(pools, server_args)
+        # What ModelRunner.__init__ sets that the plain-route decision reads (the model's
+        # linear-attention layout, derived from its config; the state's graph runner).
+        self.model_runner.is_draft_worker = False
+        self.model_runner._linear_attn_registry_cache = model_runner_module._UNSET
+        self.model_runner.req_to_token_pool = pools.req_to_token_pool
+        self.model_runner.decode_cuda_graph_runner = None
+        self.events = events
+        self.seen = None
+
+    def forward_batch_generation(self, batch):
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+        from sglang.srt.managers.utils import GenerationBatchResult
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+        self.events.append("forward")
+        self.seen = ForwardBatch.init_new(batch, self.model_runner)
+        bs = self.seen.batch_size
+        logits = LogitsProcessorOutput(next_token_logits=torch.zeros(bs, 512), hidden_states=torch.ones(bs, 192))
+        return GenerationBatchResult(logits_output=logits, next_token_ids=torch.tensor(SAMPLED), can_run_cuda_graph=True)
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    from sglang_cpu import (
+        init_single_rank_groups,
+        make_pools,
+        make_req,
+        make_server_args,
+        spec_v2_decode_batch,
+        use_torch_kernels,
+        write_tiny_llama_config,
+    )
+
+    model_path = write_tiny_llama_config(tmp_path / "model")
+    server_args = make_server_args(model_path)
+    use_torch_kernels(monkeypatch)
+    init_single_rank_groups()
+    pools = make_pools(model_path)
+    reqs = [make_req(f"r{i}", prompt_len=5 + 4 * i) for i in range(NUM_REQS)]
+    batch = spec_v2_decode_batch(pools, reqs, [100 + i for i in range(NUM_REQS)])
+    events = []
+    return {"pools": pools, "reqs": reqs, "batch": batch, "events": events,
+            "target": RecordingTarget(pools, server_args, events)}  # fmt: skip
+
+
+def _step(env):
+    from sglang.srt.speculative.adaptive_plain_decode import forward_plain_decode
+
+    pools, events = env["pools"], env["events"]
+
+    def publish(new_seq_lens):
+        events.append("publish")
+        pools.future_map.publish(env["batch"].req_pool_indices, new_seq_lens)
+
+    return forward_plain_decode(env["target"], env["batch"], publish)
+
+
+def test_the_step_is_a_plain_decode_on_the_reserved_slots(env):
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+
+    batch, reqs = env["batch"], env["reqs"]
+    s = batch.seq_lens.clone()
+    pending = batch.spec_info.bonus_tokens.tolist()
+    allocated = [r.kv_allocated_len for r in reqs]
+    free = batch.token_to_kv_pool_allocator.available_size()
+
+    _step(env)
+
+    seen = env["target"].seen
+    assert seen.forward_mode == ForwardMode.DECODE and seen.spec_info is None
+    assert seen.capture_hidden_mode == CaptureHiddenMode.FULL  # what the DECODE graphs hold
+    assert seen.input_ids.tolist() == pending and seen.input_ids.dtype == torch.int64
+    rows = batch.req_to_token_pool.req_to_token[batch.req_pool_indices, s]
+    assert seen.out_cache_loc.tolist() == rows.tolist()
+    assert seen.positions.tolist() == s.tolist()
+    assert seen.seq_lens.tolist() == (s + 1).tolist() and seen.seq_lens_cpu.tolist() == (s + 1).tolist()
+    assert seen.seq_lens_sum == int(s.sum()) + NUM_REQS
+    # prepare_for_decode reserved the slot; the step takes it and allocates nothing.
+    assert [r.kv_allocated_len for r in reqs] == allocated
+    assert batch.token_to_kv_pool_allocator.available_size() == free
+
+
+def test_the_result_has_the_layout_of_a_zero_step_verify(env):
+    batch = env["batch"]
+    draft_input = batch.spec_info
+    seq_lens, seq_lens_cpu = batch.seq_lens, batch.seq_lens_cpu
+    s = seq_lens.clone()
+
+    result = _step(env)
+
+    assert result.next_token_ids.tolist() == SAMPLED and result.next_token_ids.dtype == torch.int32
+    assert result.accept_lens.tolist() == [1] * NUM_REQS and result.accept_lens.dtype == torch.int32
+    assert result.new_seq_lens.tolist() == (s + 1).tolist()
+    assert result.speculative_num_draft_tokens == 1  # the output processor's stride
+    assert result.next_draft_input.bonus_tokens.tolist() == SAMPLED
+    assert result.can_run_cuda_graph
+    # Left in spec-v2 form for the draft extend: the scheduler's own length tensors, unchanged.
+    assert batch.seq_lens is seq_lens and batch.seq_lens_cpu is seq_lens_cpu
+    assert torch.equal(seq_lens, s) and torch.equal(seq_lens_cpu, s)
+    assert batch.spec_info is draft_input
+    rows = batch.req_to_token_pool.req_to_token[batch.req_pool_indices, s]
+    assert batch.out_cache_loc.tolist() == rows.tolist()
+
+
+def test_the_next_lengths_are_published_once_before_the_forward(env):
+    """A plain decode's new lengths are s + 1 whatever it samples; published after the forward,
+    a backend that reads them on the host (flashinfer) would wait for this step's GPU work."""
+    pools, batch = env["pools"], env["batch"]
+    s = batch.seq_lens.clone()
+    _step(env)
+    assert env["events"] == ["publish", "forward"]
+    assert pools.future_map.new_seq_lens_buf[batch.req_pool_indices].tolist() == (s + 1).tolist()
+
+
+def test_which_batches_take_the_plain_route(env, monkeypatch):
+    from sglang.srt.speculative.adaptive_plain_decode import runs_as_plain_decode
+
+    batch, model_runner = env["batch"], env["target"].model_runner
+    model_runner.decode_cuda_graph_runner = graph_runner(plain_decode=True, max_bs=8)
+    assert not runs_as_plain_decode(batch, model_runner)  # off by default: upstream's verify
+    monkeypatch.setenv("SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE", "1")
+    assert runs_as_plain_decode(batch, model_runner)
+
+    batch.return_logprob = True  # the spec-v2 logprob layout comes from the verify
+    assert not runs_as_plain_decode(batch, model_runner)
+    batch.return_logprob, batch.has_grammar = False, True  # token masks come from the verify
+    assert not runs_as_plain_decode(batch, model_runner)
+    batch.has_grammar = False
+    # A state whose graphs are a verify set (the server's own start-up state at steps=0).
+    model_runner.decode_cuda_graph_runner = graph_runner(plain_decode=False, max_bs=8)
+    assert not runs_as_plain_decode(batch, model_runner)
+    model_runner.decode_cuda_graph_runner = None  # --disable-cuda-graph
+    assert runs_as_plain_decode(batch, model_runner)
+    # A hybrid linear-attention model (ModelRunner derives this from its config): it commits its
+    # recurrent state in verify.
+    monkeypatch.setattr(type(model_runner), "mambaish_config", property(lambda _: object()))
+    assert not runs_as_plain_decode(batch, model_runner)
+
+
+class RecordingDraft:
+    """The draft worker, stood in for: its draft extend records the batch it is handed."""
+
+    def __init__(self, events):
+        self.events = events
+        self.draft_runner = type("DraftRunner", (), {"tp_group": None})()
+        self.extended = None
+
+    def draft_tp_context(self, _group):
+        return contextlib.nullcontext()
+
+    def _draft_extend_for_decode(self, batch, result):
+        self.events.append("draft extend")
+        self.extended = {"seq_lens": batch.seq_lens.tolist(), "out_cache_loc": batch.out_cache_loc.tolist(),
+                         "spec_info": batch.spec_info, "result": result}  # fmt: skip
+
+
+def test_the_worker_runs_a_zero_step_batch_as_a_plain_decode_then_the_draft_extend(env, monkeypatch):
+    """EAGLEWorkerV2.forward_batch_generation, SGLang's own, at steps=0 with the variable set."""
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    monkeypatch.setenv("SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE", "1")
+    batch, target, pools = env["batch"], env["target"], env["pools"]
+    worker = object.__new__(EAGLEWorkerV2)
+    worker.adaptive_controller, worker.speculative_num_steps = None, 0
+    worker._target_worker, worker._draft_worker = target, RecordingDraft(env["events"])
+    draft_input, s = batch.spec_info, batch.seq_lens.clone()
+    slots = batch.req_to_token_pool.req_to_token[batch.req_pool_indices, s].tolist()
+
+    def publish(new_seq_lens):
+        env["events"].append("publish")
+        pools.future_map.publish(batch.req_pool_indices, new_seq_lens)
+
+    result = worker.forward_batch_generation(batch, on_publish=publish)
+
+    assert env["events"] == ["publish", "forward", "draft extend"]  # one publish, before the forward
+    extended = worker._draft_worker.extended
+    assert extended["result"] is result and extended["spec_info"] is draft_input
+    assert extended["seq_lens"] == s.tolist() and extended["out_cache_loc"] == slots
+    assert result.next_token_ids.tolist() == SAMPLED and result.speculative_num_draft_tokens == 1
