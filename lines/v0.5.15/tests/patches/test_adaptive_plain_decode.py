@@ -9,9 +9,12 @@ tokens the test chooses).
 from __future__ import annotations
 
 import contextlib
+import types
 
 import pytest
 import torch
+
+from sglang_cpu import HIDDEN
 
 
 def graph_runner(*, plain_decode: bool, max_bs: int):
@@ -92,6 +95,8 @@ class RecordingTarget:
         self.model_runner._linear_attn_registry_cache = model_runner_module._UNSET
         self.model_runner.req_to_token_pool = pools.req_to_token_pool
         self.model_runner.decode_cuda_graph_runner = None
+        self.model_runner.token_to_kv_pool = pools.kv_pool
+        self.replays_a_graph = False  # a DECODE graph replay records the WAR read-done event
         self.events = events
         self.seen = None
 
@@ -102,6 +107,8 @@ class RecordingTarget:
 
         self.events.append("forward")
         self.seen = ForwardBatch.init_new(batch, self.model_runner)
+        if self.replays_a_graph:
+            self.model_runner.war_fastpath_read_done_event = "read-done event of this step"
         bs = self.seen.batch_size
         logits = LogitsProcessorOutput(next_token_logits=torch.zeros(bs, 512), hidden_states=torch.ones(bs, 192))
         return GenerationBatchResult(logits_output=logits, next_token_ids=torch.tensor(SAMPLED), can_run_cuda_graph=True)
@@ -219,6 +226,14 @@ def test_which_batches_take_the_plain_route(env, monkeypatch):
     assert not runs_as_plain_decode(batch, model_runner)
     model_runner.decode_cuda_graph_runner = None  # --disable-cuda-graph
     assert runs_as_plain_decode(batch, model_runner)
+    model_runner.model_is_mrope = True  # positions from the verify input
+    assert not runs_as_plain_decode(batch, model_runner)
+    model_runner.model_is_mrope = False
+    # DSV4's KV cache clears its unaccepted compressed states in verify.
+    model_runner.token_to_kv_pool = types.SimpleNamespace(clear_unaccepted_c128_draft_states=None)
+    assert not runs_as_plain_decode(batch, model_runner)
+    model_runner.token_to_kv_pool = env["pools"].kv_pool
+    assert runs_as_plain_decode(batch, model_runner)
     # A hybrid linear-attention model (ModelRunner derives this from its config): it commits its
     # recurrent state in verify.
     monkeypatch.setattr(type(model_runner), "mambaish_config", property(lambda _: object()))
@@ -230,7 +245,12 @@ class RecordingDraft:
 
     def __init__(self, events):
         self.events = events
-        self.draft_runner = type("DraftRunner", (), {"tp_group": None})()
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        # What the skipped draft extend's stub reads to shape the FutureMap's entries.
+        self.draft_runner = types.SimpleNamespace(
+            tp_group=None, spec_algorithm=SpeculativeAlgorithm.EAGLE3, war_fastpath_read_done_event=None,
+            model_config=types.SimpleNamespace(spec_hidden_size=HIDDEN, dtype=torch.float32))  # fmt: skip
         self.extended = None
 
     def draft_tp_context(self, _group):
@@ -242,15 +262,22 @@ class RecordingDraft:
                          "spec_info": batch.spec_info, "result": result}  # fmt: skip
 
 
-def test_the_worker_runs_a_zero_step_batch_as_a_plain_decode_then_the_draft_extend(env, monkeypatch):
-    """EAGLEWorkerV2.forward_batch_generation, SGLang's own, at steps=0 with the variable set."""
+def _zero_step_worker(env):
+    """An EAGLEWorkerV2 (object.__new__) whose adaptive state is at 0 steps, no controller."""
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
-    monkeypatch.setenv("SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE", "1")
-    batch, target, pools = env["batch"], env["target"], env["pools"]
     worker = object.__new__(EAGLEWorkerV2)
     worker.adaptive_controller, worker.speculative_num_steps = None, 0
-    worker._target_worker, worker._draft_worker = target, RecordingDraft(env["events"])
+    worker.topk, worker.device = 1, "cpu"
+    worker._target_worker, worker._draft_worker = env["target"], RecordingDraft(env["events"])
+    return worker
+
+
+def test_the_worker_runs_a_zero_step_batch_as_a_plain_decode_then_the_draft_extend(env, monkeypatch):
+    """EAGLEWorkerV2.forward_batch_generation, SGLang's own, at steps=0 with the variable set."""
+    monkeypatch.setenv("SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE", "1")
+    batch, pools = env["batch"], env["pools"]
+    worker = _zero_step_worker(env)
     draft_input, s = batch.spec_info, batch.seq_lens.clone()
     slots = batch.req_to_token_pool.req_to_token[batch.req_pool_indices, s].tolist()
 
@@ -265,3 +292,23 @@ def test_the_worker_runs_a_zero_step_batch_as_a_plain_decode_then_the_draft_exte
     assert extended["result"] is result and extended["spec_info"] is draft_input
     assert extended["seq_lens"] == s.tolist() and extended["out_cache_loc"] == slots
     assert result.next_token_ids.tolist() == SAMPLED and result.speculative_num_draft_tokens == 1
+
+
+@pytest.mark.parametrize("graph", [True, False])
+def test_without_the_draft_extend_the_barrier_waits_on_the_targets_read(env, monkeypatch, graph):
+    """The scheduler's WAR barrier waits on the read-done event on the draft runner, which the
+    skipped draft extend no longer records: the target's DECODE graph replay did, so it is handed
+    over. An eager step records none, and an earlier step's event must not stand in for it."""
+    monkeypatch.setenv("SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE", "1")
+    monkeypatch.setenv("SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND", "1")
+    worker, target = _zero_step_worker(env), env["target"]
+    target.replays_a_graph = graph
+    target.model_runner.war_fastpath_read_done_event = "an earlier step's event"
+
+    result = worker.forward_batch_generation(env["batch"])
+
+    assert env["events"] == ["forward"]
+    draft_runner = worker._draft_worker.draft_runner
+    assert draft_runner.war_fastpath_read_done_event == ("read-done event of this step" if graph else None)
+    assert target.model_runner.war_fastpath_read_done_event is None
+    assert result.next_draft_input.topk_index.shape == (NUM_REQS, 1)  # upstream's stub, as before
