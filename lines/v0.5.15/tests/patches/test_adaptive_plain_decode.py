@@ -150,10 +150,15 @@ def _step(env):
     return forward_plain_decode(env["target"], env["batch"], publish)
 
 
-def test_the_step_is_a_plain_decode_on_the_reserved_slots(env):
+@pytest.mark.parametrize("host_lengths", [True, False])
+def test_the_step_is_a_plain_decode_on_the_reserved_slots(env, host_lengths):
+    """host_lengths False: a backend that opts out of host lengths (triton), for which the
+    FutureMap leaves seq_lens_cpu and seq_lens_sum unset."""
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 
     batch, reqs = env["batch"], env["reqs"]
+    if not host_lengths:
+        batch.seq_lens_cpu = batch.seq_lens_sum = None
     s = batch.seq_lens.clone()
     pending = batch.spec_info.bonus_tokens.tolist()
     allocated = [r.kv_allocated_len for r in reqs]
@@ -168,8 +173,11 @@ def test_the_step_is_a_plain_decode_on_the_reserved_slots(env):
     rows = batch.req_to_token_pool.req_to_token[batch.req_pool_indices, s]
     assert seen.out_cache_loc.tolist() == rows.tolist()
     assert seen.positions.tolist() == s.tolist()
-    assert seen.seq_lens.tolist() == (s + 1).tolist() and seen.seq_lens_cpu.tolist() == (s + 1).tolist()
-    assert seen.seq_lens_sum == int(s.sum()) + NUM_REQS
+    assert seen.seq_lens.tolist() == (s + 1).tolist()
+    if host_lengths:
+        assert seen.seq_lens_cpu.tolist() == (s + 1).tolist() and seen.seq_lens_sum == int(s.sum()) + NUM_REQS
+    else:
+        assert seen.seq_lens_cpu is None and seen.seq_lens_sum is None
     # prepare_for_decode reserved the slot; the step takes it and allocates nothing.
     assert [r.kv_allocated_len for r in reqs] == allocated
     assert batch.token_to_kv_pool_allocator.available_size() == free
