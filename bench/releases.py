@@ -2,9 +2,11 @@
 switch (the v0.5.9 line) or upstream's --speculative-adaptive (0.5.11+, the later lines)."""
 from __future__ import annotations
 
+import statistics
+from collections.abc import Mapping
 from pathlib import Path
 
-from bench.configs import CONFIGS, default_configs, num_steps, write_off_above_tiers
+from bench.configs import AGAIN, BASELINE_NOSPEC, CONFIGS, default_configs, num_steps, write_off_above_tiers
 from bench.results import Analysis
 from bench.server import missing_server_args, tree_has_switch
 
@@ -29,4 +31,34 @@ def recommended_flags(analysis: Analysis, tree: Path, out: Path) -> list[str]:
     n, steps = v2.disable_batch_size, num_steps(CONFIGS["spec-v2"])
     tiers = write_off_above_tiers(out / "recommended-tiers.json", n, steps)
     return [f"recommended server flags (upstream's adaptive speculation: {steps} steps up to a decode batch of {n}, "
-            f"none above): --speculative-adaptive --speculative-adaptive-config {tiers}"]
+            f"none above): --speculative-adaptive --speculative-adaptive-config {tiers}", *fastest_off_variant(analysis)]
+
+
+def _mean_over(ratios: Mapping[str, Mapping[int, float]], names: list[str]) -> tuple[list[int], dict[str, float]]:
+    """The concurrencies every one of names has a ratio at, and each one's mean ratio over them."""
+    common = sorted(set.intersection(*(set(ratios[name]) for name in names)))
+    return common, {name: statistics.fmean(ratios[name][c] for c in common) for name in names} if common else {}
+
+
+def fastest_off_variant(analysis: Analysis) -> list[str]:
+    """Of the tier-file configs this run measured (upstream's steps=0 with and without its draft
+    extend, the v0.5.15 line's plain decode), the one with the best mean output tok/s against
+    max(nospec, spec-v2), and the environment it needs; whether its lead is above the noise
+    (nospec against its repeat) when the run measured that."""
+    names = [c.name for c in CONFIGS.values() if c.adaptive_tiers and analysis.ratios.get(c.name)]
+    if len(names) < 2:
+        return []
+    common, means = _mean_over(analysis.ratios, names)
+    if not common:
+        return []
+    best = max(means, key=lambda name: means[name])
+    lead = means[best] - max(v for name, v in means.items() if name != best)
+    env = " ".join(f"{k}={v}" for k, v in CONFIGS[best].env.items()) or "no environment variable"
+    line = (f"steps=0 variants, mean output tok/s / max(nospec, spec-v2) at C = {','.join(map(str, common))}: "
+            + ", ".join(f"{name} {means[name]:.3f}" for name in names) + f"; fastest {best} ({env}), ahead by {lead:.3f}")
+    again = analysis.ratios.get(BASELINE_NOSPEC + AGAIN)
+    if not again or not set(common) <= set(again):
+        return [line + "; run with --repeat nospec to know whether that is above the noise"]
+    noise = max(abs(1 - again[c]) for c in common)
+    verdict = "above" if lead > noise else "within"
+    return [f"{line}, {verdict} this run's noise ({noise:.3f}: nospec against its repeat)"]

@@ -2,6 +2,7 @@
 a tree with the switch, upstream's adaptive mode and a tier file on one without (CPU, fast)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from bench_helpers import levels
 
 from bench import report
 from bench.configs import DEFAULT_CONFIGS, DEFAULT_PLAIN_CONFIGS, DEFAULT_UPSTREAM_CONFIGS, off_above_tiers
-from bench.releases import configs_for_tree, recommended_flags
+from bench.releases import configs_for_tree, fastest_off_variant, recommended_flags
 from bench.results import ConfigRecord, RunResults
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,3 +92,35 @@ def test_no_crossover_gives_the_verdict_and_no_tier_file(tmp_path: Path) -> None
     assert line.startswith("spec-v2 against nospec: speculation never pays")
     assert not (tmp_path / "recommended-tiers.json").exists()
     assert recommended_flags(report.analyse(run), _tree(tmp_path / "old", []), tmp_path) == []
+
+
+def _with_off_variants(**ratios: dict[int, float]) -> report.Analysis:
+    """The run above, plus the ratios of tier-file configs (and nospec's repeat) at C = 10, 30, 100."""
+    return dataclasses.replace(_analysis(), ratios={name.replace("_", "-"): r for name, r in ratios.items()})
+
+
+OFF = {10: 0.90, 30: 0.92, 100: 0.91}
+SKIP = {10: 0.96, 30: 0.97, 100: 0.97}
+
+
+def test_the_fastest_steps_zero_variant_is_named_with_its_environment(tmp_path: Path) -> None:
+    plain = {10: 0.99, 30: 0.99, 100: 0.98}
+    analysis = _with_off_variants(adaptive_v2_off=OFF, adaptive_v2_off_skip=SKIP, adaptive_v2_off_plain=plain,
+                                  nospec_again={10: 1.01, 30: 0.99, 100: 1.0})
+    tier_line, line = recommended_flags(analysis, _tree(tmp_path / "v0.5.15", ADAPTIVE), tmp_path)
+    assert "--speculative-adaptive-config" in tier_line
+    assert "adaptive-v2-off 0.910, adaptive-v2-off-skip 0.967, adaptive-v2-off-plain 0.987" in line
+    assert "fastest adaptive-v2-off-plain (SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE=1), ahead by 0.020" in line
+    assert line.endswith("above this run's noise (0.010: nospec against its repeat)")
+
+
+def test_a_lead_within_the_noise_is_called_so_and_an_unmeasured_noise_is_asked_for() -> None:
+    close = {10: 0.97, 30: 0.98, 100: 0.97}
+    noisy = _with_off_variants(adaptive_v2_off_skip=SKIP, adaptive_v2_off_plain=close,
+                               nospec_again={10: 1.03, 30: 0.98, 100: 1.0})
+    [line] = fastest_off_variant(noisy)
+    assert "fastest adaptive-v2-off-plain" in line and "within this run's noise (0.030" in line
+    [line] = fastest_off_variant(_with_off_variants(adaptive_v2_off=OFF, adaptive_v2_off_skip=SKIP))
+    assert "fastest adaptive-v2-off-skip (SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1)" in line
+    assert line.endswith("run with --repeat nospec to know whether that is above the noise")
+    assert fastest_off_variant(_with_off_variants(adaptive_v2_off=OFF)) == []  # nothing to compare
