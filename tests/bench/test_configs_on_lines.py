@@ -21,7 +21,7 @@ from bench.arguments import parser
 from bench.configs import CONFIGS
 from bench.fixtures import FixtureParams, generate
 from bench.results import RunResults
-from bench.server import ServerSpec, cuda_graph_max_bs_flag, missing_server_args
+from bench.server import ServerSpec, cuda_graph_max_bs_flag, missing_environ, missing_server_args
 from tools.project import Project, default_root
 from tools.upstream import read_lock
 from tools.versions import release_order
@@ -77,7 +77,7 @@ def _bench_cases(tree: Path, models: tuple[str, str], out: Path) -> list[dict[st
     results = RunResults(meta={})
     cases = []
     for cfg in CONFIGS.values():
-        if missing_server_args(tree, cfg.server_args_needed()):
+        if missing_server_args(tree, cfg.server_args_needed()) or missing_environ(tree, list(cfg.env_needed)):
             continue  # the bench refuses it on this tree, by name (test_bench_adaptive)
         flags = cli.server_flags(cfg, settings, results, out)
         cases.append(_case(cfg.name, ServerSpec(models[0], models[1], 1, flags, dict(cfg.env))))
@@ -115,6 +115,8 @@ def test_every_server_command_line_parses_with_the_lines_sglang(
     assert {"nospec", "spec-v2"} <= offered
     if release_order(ref) >= release_order("v0.5.11"):  # upstream's --speculative-adaptive
         assert {"adaptive-v2", "adaptive-v2-off"} <= offered, f"the bench refuses adaptive configs on {ref}"
+    if ref == "v0.5.15":  # the line's plain-decode candidate (its 0002)
+        assert {"adaptive-v2-off-plain", "adaptive-v2-off-plain-skip"} <= offered
 
 
 def test_the_decode_graph_cap_flag_follows_the_release() -> None:
