@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 
-from sglang_cpu import HIDDEN
+from sglang_cpu import HIDDEN, VOCAB
 
 
 def graph_runner(*, plain_decode: bool, max_bs: int):
@@ -110,7 +110,8 @@ class RecordingTarget:
         if self.replays_a_graph:
             self.model_runner.war_fastpath_read_done_event = "read-done event of this step"
         bs = self.seen.batch_size
-        logits = LogitsProcessorOutput(next_token_logits=torch.zeros(bs, 512), hidden_states=torch.ones(bs, 192))
+        # EAGLE-3 captures three target layers: the draft extend reads [bs, 3 * hidden].
+        logits = LogitsProcessorOutput(next_token_logits=torch.zeros(bs, VOCAB), hidden_states=torch.ones(bs, 3 * HIDDEN))
         return GenerationBatchResult(logits_output=logits, next_token_ids=torch.tensor(SAMPLED), can_run_cuda_graph=True)
 
 
@@ -138,16 +139,21 @@ def env(tmp_path, monkeypatch):
             "target": RecordingTarget(pools, server_args, events)}  # fmt: skip
 
 
+def _publisher(env):
+    """The scheduler's on_publish (FutureMap.publish for the batch's rows), recorded in events."""
+    future_map, rows = env["pools"].future_map, env["batch"].req_pool_indices
+
+    def publish(new_seq_lens):
+        env["events"].append("publish")
+        future_map.publish(rows, new_seq_lens)
+
+    return publish
+
+
 def _step(env):
     from sglang.srt.speculative.adaptive_plain_decode import forward_plain_decode
 
-    pools, events = env["pools"], env["events"]
-
-    def publish(new_seq_lens):
-        events.append("publish")
-        pools.future_map.publish(env["batch"].req_pool_indices, new_seq_lens)
-
-    return forward_plain_decode(env["target"], env["batch"], publish)
+    return forward_plain_decode(env["target"], env["batch"], _publisher(env))
 
 
 @pytest.mark.parametrize("host_lengths", [True, False])
@@ -252,9 +258,9 @@ class RecordingDraft:
     """The draft worker, stood in for: its draft extend records the batch it is handed."""
 
     def __init__(self, events):
-        self.events = events
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+        self.events = events
         # What the skipped draft extend's stub reads to shape the FutureMap's entries.
         self.draft_runner = types.SimpleNamespace(
             tp_group=None, spec_algorithm=SpeculativeAlgorithm.EAGLE3, war_fastpath_read_done_event=None,
@@ -284,16 +290,12 @@ def _zero_step_worker(env):
 def test_the_worker_runs_a_zero_step_batch_as_a_plain_decode_then_the_draft_extend(env, monkeypatch):
     """EAGLEWorkerV2.forward_batch_generation, SGLang's own, at steps=0 with the variable set."""
     monkeypatch.setenv("SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE", "1")
-    batch, pools = env["batch"], env["pools"]
+    batch = env["batch"]
     worker = _zero_step_worker(env)
     draft_input, s = batch.spec_info, batch.seq_lens.clone()
     slots = batch.req_to_token_pool.req_to_token[batch.req_pool_indices, s].tolist()
 
-    def publish(new_seq_lens):
-        env["events"].append("publish")
-        pools.future_map.publish(batch.req_pool_indices, new_seq_lens)
-
-    result = worker.forward_batch_generation(batch, on_publish=publish)
+    result = worker.forward_batch_generation(batch, on_publish=_publisher(env))
 
     assert env["events"] == ["publish", "forward", "draft extend"]  # one publish, before the forward
     extended = worker._draft_worker.extended
