@@ -4,7 +4,7 @@
 #   bash ci/gpu/run-on-device.sh bench [bench args]    # python -m bench (default: --quick); server logs (and profiles/) in $OUT/bench-logs.tgz
 #   bash ci/gpu/run-on-device.sh bench-per-gpu "ARGS0" "ARGS1" ...
 #                                                     # one bench per GPU at once (CUDA_VISIBLE_DEVICES=i),
-#                                                     # $OUT/bench-<i>/results.{json,md}; log, server logs, plot in $OUT/logs-<i>.tgz
+#                                                     # $OUT/bench-<i>/results.json; log, results.md, server logs, plot in $OUT/logs-<i>.tgz
 #   bash ci/gpu/run-on-device.sh bench-seq "ARGS0" "ARGS1" ...
 #                                                     # the same sweeps one after another on one GPU (same files)
 #   bash ci/gpu/run-on-device.sh env                   # only set up and report the environment
@@ -45,7 +45,8 @@ export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 PYTHONUNBUFFERED=1 SGLANG_TREE=/tm
 [ -d .gpu/stubs/deep_gemm ] && export SGLANG_ENABLE_JIT_DEEPGEMM=0
 export SGL_FIXTURE_DIR="${SGL_FIXTURE_DIR:-/tmp/sgl-fixtures}" SGL_TEST_LOG_DIR="$OUT/server-logs"
 log "setup done in $(( $(date +%s) - t0 ))s; python $(python3 -c 'import sys; print(sys.version.split()[0])')"
-nvidia-smi -L 2>&1 | tee "$OUT/gpus.txt" >&2
+# In the log, not a file of its own: at most 8 files come back.
+nvidia-smi -L 2>&1 | tee -a "$OUT/run-on-device.log" >&2
 imported=$(python3 -c "import sglang; print(sglang.__file__)") || { log "import sglang failed"; exit 2; }
 case "$imported" in
   /tmp/sgltree/*) log "sglang: $imported" ;;
@@ -107,12 +108,13 @@ case "$mode" in
     for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
     for i in $(seq 0 $(( $# - 1 ))); do
       tail -n 40 "$OUT/bench-$i.log" >&2
-      # The device returns at most 8 files: keep results.json/.md, pack the rest (the CSV and the
-      # plot can be redone from results.json with `python -m bench report`).
-      packed=$(cd "$OUT" && ls -d "bench-$i.log" "bench-$i/logs" bench-$i/*.png 2>/dev/null)
+      # The device returns at most 8 files: with the log, two per sweep (results.json and the
+      # rest packed), so three sweeps come back whole. The tables, the CSV and the plot can be
+      # redone from results.json with `python -m bench report`.
+      packed=$(cd "$OUT" && ls -d "bench-$i.log" "bench-$i/logs" "bench-$i/results.md" bench-$i/*.png 2>/dev/null)
       # shellcheck disable=SC2086
       tar czf "$OUT/logs-$i.tgz" -C "$OUT" $packed \
-        && rm -rf "$OUT/bench-$i.log" "$OUT/bench-$i/logs" "$OUT/bench-$i/results.csv" "$OUT/bench-$i"/*.png
+        && rm -rf "$OUT/bench-$i.log" "$OUT/bench-$i/logs" "$OUT/bench-$i/results.md" "$OUT/bench-$i/results.csv" "$OUT/bench-$i"/*.png
     done ;;
   *) log "unknown mode $mode (test | bench | bench-per-gpu | bench-seq | env)"; exit 2 ;;
 esac
