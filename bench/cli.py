@@ -223,7 +223,8 @@ def _run_level(name: str, url: str, c: int, settings: RunSettings, target: RunTa
         + (f"  counters {counters.to_json()}" if counters is not None else "") + (f"  ERRORS {len(lr.errors)}: {lr.errors[0]}" if lr.errors else ""))
     return LevelRecord(concurrency=c, requests=n, output_tokens=lr.output_tokens, wall_s=round(lr.wall_s, 3),
                        tok_per_s=round(lr.tok_per_s, 1), errors=tuple(errors), counters=counters,
-                       wave_tok_per_s=tuple(round(w, 1) for w in lr.wave_tok_per_s()))
+                       wave_tok_per_s=tuple(round(w, 1) for w in lr.wave_tok_per_s()),
+                       wave_send_spread_s=tuple(round(s, 4) for s in lr.wave_send_spread_s()))
 
 
 def _profile(name: str, url: str, c: int, settings: RunSettings, target: RunTarget, log: Path) -> ProfileRecord:

@@ -99,21 +99,29 @@ class LevelRun:
     def tok_per_s(self) -> float:
         return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
-    def wave_tok_per_s(self) -> list[float]:
-        """Each full wave's output tok/s: the requests taken `concurrency` at a time in the order sent
-        (a closed loop of equal-length requests runs them as waves), their tokens over the span from
-        the wave's first start to its last finish. Their spread is the level's noise within the run:
-        a slow wave boundary or first wave moves the level's rate without changing its steps."""
+    def _waves(self) -> list[list[Result]]:
+        """The requests taken `concurrency` at a time in the order sent (a closed loop of
+        equal-length requests runs them as waves); whole waves without a failed request only."""
         c = max(1, self.concurrency)
+        waves = (self.results[i : i + c] for i in range(0, len(self.results) - c + 1, c))
+        return [w for w in waves if not any(r.error for r in w)]
+
+    def wave_tok_per_s(self) -> list[float]:
+        """Each wave's output tok/s: its tokens over the span from its first start to its last
+        finish. Their spread is the level's noise within the run: a slow wave boundary or first
+        wave moves the level's rate without changing its steps."""
         rates = []
-        for i in range(0, len(self.results) - c + 1, c):
-            wave = self.results[i : i + c]
-            if any(r.error for r in wave):
-                continue
+        for wave in self._waves():
             span = max(r.started + r.latency for r in wave) - min(r.started for r in wave)
             if span > 0:
                 rates.append(sum(r.completion_tokens for r in wave) / span)
         return rates
+
+    def wave_send_spread_s(self) -> list[float]:
+        """Each wave's span of send times. A wave whose requests went out over a long span starts
+        with a small batch, which a switch that decides by batch size answers: the client's
+        share of a slow wave boundary, set beside the server's log."""
+        return [max(r.started for r in w) - min(r.started for r in w) for w in self._waves()]
 
 
 def run_level(url: str, prompts: list[str], concurrency: int, sampling: dict[str, Any], *,

@@ -9,6 +9,7 @@ results.json:
         "flags": [...], "env": {...}, "compare_to": [...],
         "levels": [{"concurrency", "requests", "output_tokens", "wall_s", "tok_per_s", "errors": [...],
                     "wave_tok_per_s": [...],  # each full wave's output tok/s; absent in older runs
+                    "wave_send_spread_s": [...],  # each full wave's span of send times; absent in older runs
                     "counters": {"spec_steps", "fallback_steps", "switches"} | null,
                     "decode_lines", "decode_tok_per_s" | null}],  # the decode pair once taken from the log
         "startup_s", "profile": {"concurrency", "profiled_steps", "error"}
@@ -97,6 +98,7 @@ class LevelRecord:
     decode_tok_per_s: float | None = None
     decode_lines: int | None = None
     wave_tok_per_s: tuple[float, ...] = ()  # each full wave's output tok/s (client.LevelRun.wave_tok_per_s)
+    wave_send_spread_s: tuple[float, ...] = ()  # each full wave's span of send times (client.LevelRun)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -114,6 +116,8 @@ class LevelRecord:
             "counters": None if self.counters is None else self.counters.to_json()}
         if self.wave_tok_per_s:
             out["wave_tok_per_s"] = list(self.wave_tok_per_s)
+        if self.wave_send_spread_s:
+            out["wave_send_spread_s"] = list(self.wave_send_spread_s)
         if self.decode_lines is not None:
             out["decode_lines"] = self.decode_lines
             out["decode_tok_per_s"] = self.decode_tok_per_s
@@ -132,7 +136,8 @@ class LevelRecord:
             errors=r.texts("errors"),
             counters=None if counters is None else SwitchCounters.from_json(counters, f"{where}.counters"),
             decode_tok_per_s=None if decode_lines is None else r.nullable(r.number, "decode_tok_per_s"),
-            decode_lines=decode_lines, wave_tok_per_s=r.opt(r.numbers, "wave_tok_per_s") or (), extra=r.rest())
+            decode_lines=decode_lines, wave_tok_per_s=r.opt(r.numbers, "wave_tok_per_s") or (),
+            wave_send_spread_s=r.opt(r.numbers, "wave_send_spread_s") or (), extra=r.rest())
 
 
 @dataclass(frozen=True)

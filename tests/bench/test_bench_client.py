@@ -25,6 +25,15 @@ def test_waves_are_the_requests_taken_c_at_a_time_over_their_own_span() -> None:
     assert run.wave_tok_per_s() == pytest.approx([200.0, 200 / 3.55])
 
 
+def test_a_waves_send_span_is_from_its_first_send_to_its_last() -> None:
+    run = LevelRun(2, 4.5, [_done(0.0, 1.0), _done(0.1, 0.9),
+                            _done(1.0, 2.0), _done(1.25, 3.5),
+                            _done(4.0, 0.5)])                      # not a whole wave: left out
+    assert run.wave_send_spread_s() == pytest.approx([0.1, 0.25])
+    failed = LevelRun(2, 2.0, [_done(0.0, 1.0), _done(0.3, 1.0, error="HTTP 500"), _done(1.0, 1.0), _done(1.0, 1.0)])
+    assert failed.wave_send_spread_s() == pytest.approx([0.0])
+
+
 def test_a_wave_with_a_failed_request_has_no_rate() -> None:
     run = LevelRun(2, 2.0, [_done(0.0, 1.0), _done(0.0, 1.0, error="HTTP 500"), _done(1.0, 1.0), _done(1.0, 1.0)])
     assert run.wave_tok_per_s() == pytest.approx([200.0])

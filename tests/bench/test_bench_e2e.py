@@ -32,6 +32,10 @@ def test_bench_against_fake_server(tmp_path: Path) -> None:
         assert [len(lv["wave_tok_per_s"]) for lv in c["levels"]] == [lv["requests"] // lv["concurrency"]
                                                                      for lv in c["levels"]], name
         assert all(w > 0 for lv in c["levels"] for w in lv["wave_tok_per_s"]), name
+        # and the span over which the client sent it (a wave of one request: none)
+        assert [len(lv["wave_send_spread_s"]) for lv in c["levels"]] == [len(lv["wave_tok_per_s"]) for lv in c["levels"]]
+        assert all(s == 0 for s in c["levels"][0]["wave_send_spread_s"]), name
+        assert all(s >= 0 for s in c["levels"][1]["wave_send_spread_s"]), name
     sw = res["configs"]["switch-v1"]
     assert sw["flags"][-4:] == ["--speculative-disable-batch-size", "2", "--speculative-enable-batch-size", "1"]
     assert "--speculative-draft-model-path" not in sw["flags"]  # added by ServerSpec.argv

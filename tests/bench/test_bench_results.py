@@ -196,3 +196,12 @@ def test_wave_rates_round_trip_and_their_spread_is_reported() -> None:
     run = RunResults(meta={}, configs={"nospec": ConfigRecord(flags=(), levels=(level,))})
     text = report.markdown(run, report.analyse(run))
     assert "| nospec | 1850-1904 (3%) |" in text
+
+
+def test_wave_send_spans_round_trip_and_the_longest_is_reported_beside_the_waves() -> None:
+    level = LevelRecord(concurrency=70, requests=210, output_tokens=53760, wall_s=5.3, tok_per_s=10140.5,
+                        wave_tok_per_s=(10896.6, 8648.8, 8017.7), wave_send_spread_s=(0.004, 0.1812, 0.02))
+    assert LevelRecord.from_json(_json(level.to_json()), "level") == level
+    assert "wave_send_spread_s" not in dataclasses.replace(level, wave_send_spread_s=()).to_json()
+    run = RunResults(meta={}, configs={"nospec": ConfigRecord(flags=(), levels=(level,))})
+    assert "| nospec | 8018-10897 (36%), sent within 181 ms |" in report.markdown(run, report.analyse(run))
