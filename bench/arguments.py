@@ -60,9 +60,10 @@ def _add_model_args(ap: argparse.ArgumentParser) -> None:
 
 
 def _add_profile_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--profile-at", type=_positive, default=None,
-                    help="after each config's levels, profile PROFILE_STEPS decode steps of one wave at this "
-                         "concurrency (SGLang's /start_profile) and report GPU idle time and the top CPU ops")
+    ap.add_argument("--profile-at", type=_levels, default=None,
+                    help="after each config's levels, profile PROFILE_STEPS decode steps of one wave at each of "
+                         "these concurrencies (comma-separated; SGLang's /start_profile) and report GPU idle "
+                         "time and the top CPU ops")
     ap.add_argument("--profile-steps", type=_positive, default=40, help="steps to profile (default %(default)s)")
     ap.add_argument("--profile-window", choices=[w.value for w in ProfileWindow], default=ProfileWindow.FULL_BATCH.value,
                     help="full-batch: decode steps once the wave's batch is full (default); wave-start: the "

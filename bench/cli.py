@@ -80,7 +80,7 @@ class RunSettings:
     extra_flags: str  # for every config's server, one string
     switch_thresholds: tuple[int, int] | None  # N, M for the switch configs; None: from a recommendation
     thresholds_from: Path | None  # results.json whose recommendation to use
-    profile_at: int | None  # profile one wave at this concurrency after the levels
+    profile_at: tuple[int, ...]  # profile one wave at each of these concurrencies after the levels
     profile_steps: int
     profile_window: profile.ProfileWindow
     keep_traces: bool
@@ -95,7 +95,7 @@ class RunSettings:
             max_new_tokens=args.max_new_tokens or (128 if quick else 512), temperature=args.temperature,
             ignore_eos=not args.no_ignore_eos, tp=args.tp, max_running_requests=args.max_running_requests,
             extra_flags=args.extra_flags, switch_thresholds=args.switch_thresholds,
-            thresholds_from=args.thresholds_from, profile_at=args.profile_at, profile_steps=args.profile_steps,
+            thresholds_from=args.thresholds_from, profile_at=tuple(args.profile_at or ()), profile_steps=args.profile_steps,
             profile_window=profile.ProfileWindow(args.profile_window), keep_traces=args.keep_traces)
 
     @property
@@ -182,9 +182,9 @@ def run_config(cfg: Config, settings: RunSettings, target: RunTarget, results: R
         for c in sorted({1, max(settings.levels)}):
             client.run_level(srv.url, target.prompts_for_level(c), c, {**settings.sampling, "max_new_tokens": 8})
         entry = _run_levels(cfg.name, srv.url, settings, target, results)
-        if settings.profile_at:
-            profiled = _profile(cfg.name, srv.url, settings.profile_at, settings, target, log)
-            entry = results.configs[cfg.name] = replace(entry, profile=profiled)
+        for c in settings.profile_at:
+            profiled = _profile(cfg.name, srv.url, c, settings, target, log)
+            entry = results.configs[cfg.name] = replace(entry, profiles=(*entry.profiles, profiled))
     log_text = log.read_text(errors="replace")
     ranks = parse_log(log_text)
     results.configs[cfg.name] = replace(
@@ -228,7 +228,7 @@ def _run_level(name: str, url: str, c: int, settings: RunSettings, target: RunTa
 
 
 def _profile(name: str, url: str, c: int, settings: RunSettings, target: RunTarget, log: Path) -> ProfileRecord:
-    traces = target.out / "profiles" / name
+    traces = target.out / "profiles" / name / f"c{c}"
     window = settings.profile_window
     try:
         summary = profile.profile_level(url, target.prompts_for_level(c, offset=c), c, settings.sampling,

@@ -141,7 +141,7 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
     if startup:
         out += ["", "Start-up (server up, s) and the target's CUDA graph sets (batch sizes, capture s, GB):", ""]
         out += startup
-    profiled = [(name, c.profile) for name, c in cfgs.items() if c.profile is not None]
+    profiled = [(name, p) for name, c in cfgs.items() for p in c.profiles]
     if profiled:
         out += ["", "Profiles (SGLang's torch profiler, rank 0; GPU idle = the window less the union of GPU events):", ""]
         for name, p in profiled:

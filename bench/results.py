@@ -12,8 +12,9 @@ results.json:
                     "wave_send_spread_s": [...],  # each full wave's span of send times; absent in older runs
                     "counters": {"spec_steps", "fallback_steps", "switches"} | null,
                     "decode_lines", "decode_tok_per_s" | null}],  # the decode pair once taken from the log
-        "startup_s", "profile": {"concurrency", "profiled_steps", "error"}
-                                | {"concurrency", "profiled_steps", <bench.profile.ProfileSummary>},
+        "startup_s", "profile": PROFILE | [PROFILE, ...],  # a list when the run profiled several levels
+        # PROFILE: {"concurrency", "profiled_steps", "error"}
+        #        | {"concurrency", "profiled_steps", <bench.profile.ProfileSummary>}
         # profiled_steps: "wave-start", or absent for the default "full-batch" (bench.profile.ProfileWindow)
         "graph_sets": [{"kind", "sizes", "seconds", "gigabytes"}],
         "log_counters": {rank: {"spec_steps", "fallback_steps", "switches"} | null},
@@ -184,6 +185,15 @@ class ProfileRecord:
         return out
 
 
+def _profiles(value: Any, where: str) -> tuple[ProfileRecord, ...]:
+    """A run that profiled one level wrote its profile alone, as every run before lists did."""
+    if value is None:
+        return ()
+    if isinstance(value, list):
+        return tuple(ProfileRecord.from_json(p, f"{where}[{i}]") for i, p in enumerate(value))
+    return (ProfileRecord.from_json(value, where),)
+
+
 def _window(value: str, where: str) -> ProfileWindow:
     try:
         return ProfileWindow(value)
@@ -196,8 +206,8 @@ def _window(value: str, where: str) -> ProfileWindow:
 class ConfigRecord:
     """One server configuration's part of a run: how it was served and what it measured.
 
-    startup_s, profile, graph_sets, log_counters and failed are None until the run gets that far (and
-    their keys are then absent from results.json). `flags` is None only for a config that failed before
+    startup_s, graph_sets, log_counters and failed are None, and profiles empty, until the run gets that
+    far (and their keys are then absent from results.json). `flags` is None only for a config that failed before
     its server was set up (it had no thresholds): such a record holds `failed` alone.
     """
     flags: tuple[str, ...] | None = None
@@ -205,7 +215,7 @@ class ConfigRecord:
     compare_to: tuple[str, ...] = ()  # ratio: this / max(these) per level
     levels: tuple[LevelRecord, ...] = ()
     startup_s: float | None = None
-    profile: ProfileRecord | None = None
+    profiles: tuple[ProfileRecord, ...] = ()  # one per profiled level, in the order run
     graph_sets: tuple[GraphSet, ...] | None = None  # the target's CUDA graph sets, from rank 0's log
     log_counters: Mapping[int, SwitchCounters | None] | None = None  # per rank, from the log
     failed: str | None = None
@@ -223,8 +233,9 @@ class ConfigRecord:
                        levels=[lv.to_json() for lv in self.levels])
         if self.startup_s is not None:
             out["startup_s"] = self.startup_s
-        if self.profile is not None:
-            out["profile"] = self.profile.to_json()
+        if self.profiles:
+            profiles = [p.to_json() for p in self.profiles]
+            out["profile"] = profiles[0] if len(profiles) == 1 else profiles
         if self.graph_sets is not None:
             out["graph_sets"] = [{"kind": g.kind, "sizes": list(g.sizes), "seconds": g.seconds,
                                   "gigabytes": g.gigabytes} for g in self.graph_sets]
@@ -241,7 +252,6 @@ class ConfigRecord:
         if setup and len(setup) < 4:
             raise ResultsError(f"{where}: has {', '.join(map(repr, setup))} but not all of "
                                "'flags', 'env', 'compare_to' and 'levels'")
-        profile = r.opt(r.get, "profile")
         return cls(
             flags=r.texts("flags") if setup else None,
             env=str_map(r.get("env"), f"{where}.env") if setup else {},
@@ -249,7 +259,7 @@ class ConfigRecord:
             levels=tuple(LevelRecord.from_json(lv, f"{where}.levels[{i}]") for i, lv in enumerate(r.items("levels")))
             if setup else (),
             startup_s=r.opt(r.number, "startup_s"),
-            profile=None if profile is None else ProfileRecord.from_json(profile, f"{where}.profile"),
+            profiles=_profiles(r.opt(r.get, "profile"), f"{where}.profile"),
             graph_sets=tuple(graph_set(g, f"{where}.graph_sets[{i}]") for i, g in enumerate(r.items("graph_sets")))
             if r.has("graph_sets") else None,
             log_counters=_by_rank(r.get("log_counters"), f"{where}.log_counters") if r.has("log_counters") else None,

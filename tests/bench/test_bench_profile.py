@@ -16,6 +16,7 @@ FAKE_TREE = Path(__file__).parent / "data" / "fake_tree"
 sys.path.insert(0, str(ROOT))
 
 from bench.profile import ProfileError, load_trace, summarize  # noqa: E402
+from bench.results import read_results  # noqa: E402
 
 
 def _x(cat: str, name: str, ts: float, dur: float, tid: int = 1) -> dict:
@@ -89,6 +90,22 @@ def test_bench_profiles_each_config_and_drops_the_traces(tmp_path: Path, window:
     assert prof["top_cpu_ops"][0] == ["aten::index", 5.0, 2] and prof["note"] == ""
     assert not list((out / "profiles").rglob("*.trace.json*"))
     assert f"`nospec` at {where}: GPU idle **70%**" in (out / "results.md").read_text()
+
+
+def test_bench_profiles_each_level_asked_for_in_order(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "SGL_BASE_FLAGS": "", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "bench", "--tree", str(FAKE_TREE), "--model", "/fake/target", "--configs", "nospec",
+           "--concurrency", "2", "--num-requests", "2", "--max-new-tokens", "50", "--profile-at", "4,2",
+           "--profile-window", "wave-start", "--out", str(out), "--startup-timeout", "60"]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    profiles = json.loads((out / "results.json").read_text())["configs"]["nospec"]["profile"]
+    assert [prof["concurrency"] for prof in profiles] == [4, 2]
+    md = (out / "results.md").read_text()
+    assert md.index("`nospec` at C=4, the wave's first steps") < md.index("`nospec` at C=2, the wave's first steps")
+    run, _ = read_results(out / "results.json")
+    assert [prof.concurrency for prof in run.configs["nospec"].profiles] == [4, 2]
 
 
 def _recording_server(posted: list[str]) -> Any:
