@@ -1,6 +1,8 @@
 """Synthetic benchmark results the bench tests share (not a test module)."""
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -9,10 +11,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.results import ConfigRecord, LevelRecord, RunResults, SwitchCounters  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_TREE = Path(__file__).parent / "data" / "fake_tree"
 LEVELS = [1, 2, 5, 10, 30, 70, 100, 250]
 # anchors.md section 1: the user's 8x RTX PRO 6000 box, Kimi-K2.5, SGLang 0.5.9 (tok/s)
 USER_SPEC = dict(zip(LEVELS, [77.5, 125.1, 183.2, 239.6, 299.5, 337.7, 338.8, 340.9], strict=False))
 USER_NOSPEC = dict(zip(LEVELS, [92.6, 159.7, 292.5, 457.2, 711.0, 784.2, 761.6, 772.1], strict=False))
+
+
+def run_fake_bench(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m bench ARGS` against the fake server of tests/bench/data/fake_tree, writing to out."""
+    env = {**os.environ, "SGL_BASE_FLAGS": "", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "bench", "--tree", str(FAKE_TREE), *args, "--out", str(out), "--startup-timeout", "60"]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
 
 
 def levels(series: dict[int, float], counters: bool = False) -> tuple[LevelRecord, ...]:

@@ -3,25 +3,21 @@ stop in its own process group, the sweep, counters from /metrics, thresholds fro
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-FAKE_TREE = Path(__file__).parent / "data" / "fake_tree"
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench_helpers import FAKE_TREE, run_fake_bench  # noqa: E402
 
 
 def test_bench_against_fake_server(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    env = {**os.environ, "SGL_BASE_FLAGS": "", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "bench", "--tree", str(FAKE_TREE), "--model", "/fake/target", "--draft-model", "/fake/draft",
-           "--configs", "nospec,spec,switch-v1", "--concurrency", "1,4", "--num-requests", "4", "--max-new-tokens", "8",
-           "--switch-thresholds", "2,1", "--out", str(out), "--startup-timeout", "60"]
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    p = run_fake_bench(out, "--model", "/fake/target", "--draft-model", "/fake/draft", "--configs", "nospec,spec,switch-v1",
+                       "--concurrency", "1,4", "--num-requests", "4", "--max-new-tokens", "8", "--switch-thresholds", "2,1")
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
     assert set(res["configs"]) == {"nospec", "spec", "switch-v1"}
@@ -53,10 +49,8 @@ def test_bench_against_fake_server(tmp_path: Path) -> None:
 
 def test_switch_thresholds_from_this_run(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    env = {**os.environ, "SGL_BASE_FLAGS": "", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "bench", "--tree", str(FAKE_TREE), "--model", "/fake/t", "--draft-model", "/fake/d",
-           "--configs", "switch-v1", "--concurrency", "1", "--num-requests", "1", "--max-new-tokens", "2", "--out", str(out)]
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    p = run_fake_bench(out, "--model", "/fake/t", "--draft-model", "/fake/d", "--configs", "switch-v1",
+                       "--concurrency", "1", "--num-requests", "1", "--max-new-tokens", "2")
     assert p.returncode == 1 and "needs thresholds" in p.stderr
     assert "failed" in json.loads((out / "results.json").read_text())["configs"]["switch-v1"]
 
@@ -83,11 +77,9 @@ def test_time_budget_skips_a_config_that_could_not_finish() -> None:
 
 
 def test_repeat_serves_a_config_again_and_names_a_config_the_run_lacks(tmp_path: Path) -> None:
-    env = {**os.environ, "SGL_BASE_FLAGS": "", "PYTHONPATH": str(ROOT)}
-    base = [sys.executable, "-m", "bench", "--tree", str(FAKE_TREE), "--model", "/fake/t", "--configs", "nospec",
-            "--concurrency", "1,2", "--num-requests", "2", "--max-new-tokens", "4", "--startup-timeout", "60"]
-    p = subprocess.run([*base, "--repeat", "nospec", "--out", str(tmp_path / "ok")], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=180)
+    base = ("--model", "/fake/t", "--configs", "nospec", "--concurrency", "1,2", "--num-requests", "2",
+            "--max-new-tokens", "4")
+    p = run_fake_bench(tmp_path / "ok", *base, "--repeat", "nospec")
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads((tmp_path / "ok" / "results.json").read_text())
     assert list(res["configs"]) == ["nospec", "nospec-again"]
@@ -95,6 +87,5 @@ def test_repeat_serves_a_config_again_and_names_a_config_the_run_lacks(tmp_path:
     assert set(res["ratios"]["nospec-again"]) == {"1", "2"}
     assert "Run-to-run noise, `nospec` served twice" in (tmp_path / "ok" / "results.md").read_text()
 
-    p = subprocess.run([*base, "--repeat", "spec", "--out", str(tmp_path / "bad")], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=60)
+    p = run_fake_bench(tmp_path / "bad", *base, "--repeat", "spec")
     assert p.returncode == 2 and "--repeat spec: not one of the run's configs (nospec)" in p.stderr

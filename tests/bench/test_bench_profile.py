@@ -3,20 +3,22 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-FAKE_TREE = Path(__file__).parent / "data" / "fake_tree"
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench_helpers import run_fake_bench  # noqa: E402
 
 from bench.profile import ProfileError, load_trace, summarize  # noqa: E402
 from bench.results import read_results  # noqa: E402
+
+# One config, one short level, against the fake server; each test adds its --profile-* flags.
+PROFILED_NOSPEC = ("--model", "/fake/target", "--configs", "nospec", "--concurrency", "2", "--num-requests", "2",
+                   "--max-new-tokens", "50")
 
 
 def _x(cat: str, name: str, ts: float, dur: float, tid: int = 1) -> dict:
@@ -78,11 +80,7 @@ def test_an_empty_trace_is_an_error() -> None:
 @pytest.mark.parametrize("window,where", [("full-batch", "C=4"), ("wave-start", "C=4, the wave's first steps")])
 def test_bench_profiles_each_config_and_drops_the_traces(tmp_path: Path, window: str, where: str) -> None:
     out = tmp_path / "out"
-    env = {**os.environ, "SGL_BASE_FLAGS": "", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "bench", "--tree", str(FAKE_TREE), "--model", "/fake/target", "--configs", "nospec",
-           "--concurrency", "2", "--num-requests", "2", "--max-new-tokens", "50", "--profile-at", "4",
-           "--profile-window", window, "--out", str(out), "--startup-timeout", "60"]
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    p = run_fake_bench(out, *PROFILED_NOSPEC, "--profile-at", "4", "--profile-window", window)
     assert p.returncode == 0, p.stderr[-3000:]
     prof = json.loads((out / "results.json").read_text())["configs"]["nospec"]["profile"]
     assert prof["concurrency"] == 4 and prof["gpu_idle_fraction"] == pytest.approx(0.7), prof
@@ -94,11 +92,7 @@ def test_bench_profiles_each_config_and_drops_the_traces(tmp_path: Path, window:
 
 def test_bench_profiles_each_level_asked_for_in_order(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    env = {**os.environ, "SGL_BASE_FLAGS": "", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "bench", "--tree", str(FAKE_TREE), "--model", "/fake/target", "--configs", "nospec",
-           "--concurrency", "2", "--num-requests", "2", "--max-new-tokens", "50", "--profile-at", "4,2",
-           "--profile-window", "wave-start", "--out", str(out), "--startup-timeout", "60"]
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    p = run_fake_bench(out, *PROFILED_NOSPEC, "--profile-at", "4,2", "--profile-window", "wave-start")
     assert p.returncode == 0, p.stderr[-3000:]
     profiles = json.loads((out / "results.json").read_text())["configs"]["nospec"]["profile"]
     assert [prof["concurrency"] for prof in profiles] == [4, 2]
