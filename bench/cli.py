@@ -381,6 +381,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv and argv[0] == "report":
             return report_main(argv[1:])
+        if argv and argv[0] == "boundaries":
+            from bench import boundaries
+
+            return boundaries.main(argv[1:])
         if argv and argv[0] == "fixtures":
             from bench import fixtures
 
