@@ -111,6 +111,7 @@ class RunTarget:
     draft: str | None
     prompts: tuple[str, ...]
     out: Path
+    prompts_file: str  # where the prompts came from, for the run's meta
 
     def prompts_for_level(self, n: int, offset: int = 0) -> list[str]:
         return client.prompts_for_level(list(self.prompts), n, offset)
@@ -250,18 +251,21 @@ def _save(results: RunResults, out: Path, plot: bool) -> tuple[Analysis, dict[st
 
 def _target(args: argparse.Namespace, tree: Path, out: Path) -> RunTarget:
     """The models (the fixtures unless --model) and the prompts."""
-    model, draft = args.model, args.draft_model
+    model, draft, prompts_file = args.model, args.draft_model, args.prompts
     if model is None:
         fx = fixtures.generate(fixtures.PRESETS[args.fixture_preset])
         t, d = fx.pair(args.fixture_pair or fixtures.default_pair(args.fixture_preset))
         model, draft = str(t), draft or str(d)
+        # A trained set's own held-out prompts: hundreds, so no wave holds one prompt twice (the
+        # shared set's 38 would, and whether two such requests share KV depends on timing).
+        prompts_file = prompts_file or fx.prompts_file()
     try:
-        prompts = client.load_prompts(args.prompts)
+        prompts = client.load_prompts(prompts_file)
     except (OSError, ValueError) as e:
         raise BenchUsageError(f"--prompts: {e}") from None
     if args.chat_template:
         prompts = client.apply_chat_template(prompts, model)
-    return RunTarget(tree, model, draft, tuple(prompts), out)
+    return RunTarget(tree, model, draft, tuple(prompts), out, str(prompts_file or client.DEFAULT_PROMPTS.name))
 
 
 def _meta(args: argparse.Namespace, settings: RunSettings, target: RunTarget, imported: str) -> dict[str, Any]:
@@ -269,7 +273,7 @@ def _meta(args: argparse.Namespace, settings: RunSettings, target: RunTarget, im
         "model": target.model, "draft_model": target.draft, "fixture_preset": None if args.model else args.fixture_preset,
         "tp": settings.tp, "levels": ",".join(map(str, settings.levels)),
         "num_requests": settings.num_requests, "waves": settings.waves, "max_new_tokens": settings.max_new_tokens,
-        "temperature": settings.temperature, "prompts": str(args.prompts or client.DEFAULT_PROMPTS.name), "sglang": imported,
+        "temperature": settings.temperature, "prompts": target.prompts_file, "sglang": imported,
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "extra_flags": settings.extra_flags}
 
 
@@ -346,41 +350,11 @@ def budget_verdict(budget: float | None, elapsed: float, durations: list[float])
     return None
 
 
-def report_main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench report", description="merge results and redo table/plot/recommendation")
-    ap.add_argument("inputs", nargs="+", type=Path, help="results.json files or folders holding one")
-    ap.add_argument("--out", type=Path, default=None, help="default: the first input's folder")
-    ap.add_argument("--logs", type=Path, default=None,
-                    help="folder of server logs (<config>.log) to take decode-step rates from")
-    args = ap.parse_args(argv)
-    parts = []
-    for p in args.inputs:
-        f = p / "results.json" if p.is_dir() else p
-        if not f.is_file():
-            print(f"bench report: no results at {f}", file=sys.stderr)
-            return 2
-        parts.append(read_results(f)[0])  # the analysis is redone from the merged configs
-    out = args.out or (args.inputs[0] if args.inputs[0].is_dir() else args.inputs[0].parent)
-    out.mkdir(parents=True, exist_ok=True)
-    results = report.merge(*parts)
-    if args.logs:
-        missing = [n for n in results.configs if not (args.logs / f"{n}.log").is_file()]
-        if missing:
-            print(f"bench report: no server log for {', '.join(missing)} in {args.logs}", file=sys.stderr)
-            return 2
-        results.configs = {name: report.with_decode_rates(c, (args.logs / f"{name}.log").read_text(errors="replace"))
-                           for name, c in results.configs.items()}
-    analysis, paths = _save(results, out, plot=True)
-    print(report.markdown(results, analysis))
-    say("wrote " + ", ".join(str(p) for p in paths.values() if p))
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] == "report":
-            return report_main(argv[1:])
+            return report.main(argv[1:])
         if argv and argv[0] == "boundaries":
             from bench import boundaries
 
