@@ -281,13 +281,32 @@ def writer_tag() -> str:
     return "transformers-" + version.split(".")[0]
 
 
+def _older_writers_set(base: Path, tag: str, key: str) -> Path | None:
+    """The trained set of this key that an older major transformers release wrote, if one is here.
+
+    Such a set loads under a newer release (4.57's under 5.12: the same configs and tokenization,
+    checked on CPU), not the other way round, and training it again would cost a GPU machine
+    minutes when one session serves release lines of both.
+    """
+    major = int(tag.rsplit("-", 1)[1]) if tag.rsplit("-", 1)[1].isdigit() else 0
+    for older in range(major - 1, 0, -1):
+        if (base / f"transformers-{older}" / key / DONE).is_file():
+            return base / f"transformers-{older}" / key
+    return None
+
+
 def generate(params: AnyParams | None = None, root: Path | None = None, *, quiet: bool = False) -> Fixtures:
     """Build (or reuse) the fixture models; return where they are."""
     params = params or FixtureParams()
-    root = Path(root or os.environ.get("SGL_FIXTURE_DIR") or DEFAULT_ROOT) / writer_tag()
+    base = Path(root or os.environ.get("SGL_FIXTURE_DIR") or DEFAULT_ROOT)
+    tag = writer_tag()
+    root = base / tag
     dest = root / params.key()
     if (dest / DONE).is_file():
         return Fixtures(dest)
+    older = _older_writers_set(base, tag, params.key()) if isinstance(params, TrainedParams) else None
+    if older is not None:
+        return Fixtures(older)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{params.key()}-", dir=root))
     try:

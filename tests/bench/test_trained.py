@@ -310,3 +310,16 @@ def test_the_bench_sends_a_trained_sets_own_prompts_unless_told(fx: fixtures.Fix
     told.write_text("first\nsecond\n")
     mine = cli._target(parser().parse_args(["--fixture-preset", "trained", "--prompts", str(told)]), tmp_path, tmp_path)
     assert (mine.prompts, mine.prompts_file) == (("first", "second"), str(told))
+
+
+def test_a_newer_transformers_reuses_the_set_an_older_one_wrote(fx: fixtures.Fixtures,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    base, key = fx.root.parent.parent, fx.root.name
+    assert fx.root.parent.name == fixtures.writer_tag()
+    newer = f"transformers-{int(fixtures.writer_tag().split('-')[1]) + 1}"
+    monkeypatch.setattr(fixtures, "writer_tag", lambda: newer)
+    assert fixtures.generate(TOY, base, quiet=True).root == fx.root  # found, not trained again
+    assert not (base / newer).exists()
+    # never the other way: an older release cannot load what a newer one wrote
+    older = f"transformers-{int(fx.root.parent.name.split('-')[1]) - 1}"
+    assert fixtures._older_writers_set(base, older, key) is None
