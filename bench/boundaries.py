@@ -24,11 +24,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.logparse import parse_log
+from bench.logparse import before_profile, parse_log
 from bench.results import ResultsError, read_results
 
 FLUSHED = "Cache flushed successfully"
-PROFILING = "Profiling starts"  # SGLang's /start_profile
 _PREFILL = re.compile(r"Prefill batch\b.*?#new-token:\s*(?P<new>\d+),\s*#cached-token:\s*(?P<cached>\d+)")
 
 
@@ -50,7 +49,7 @@ def level_parts(text: str, count: int) -> list[str]:
     parts = text.split(FLUSHED)[1:]
     if len(parts) < count:
         raise ResultsError(f"the server log holds {len(parts)} cache flushes, not one per level ({count})")
-    return [part.split(PROFILING)[0] for part in parts[-count:]]
+    return [before_profile(part) for part in parts[-count:]]
 
 
 def level_log(part: str, concurrency: int, steps_per_line: int, first: bool = False) -> LevelLog:

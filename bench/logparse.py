@@ -31,6 +31,7 @@ _CAPTURE_BS = re.compile(r"Capture cuda graph bs \[(?P<bs>[\d,\s]*)\]")
 _CAPTURE_END = re.compile(r"Capture (?P<plain>plain-decode )?cuda graph\b.*?\bend\b.*?Time elapsed:\s*(?P<s>[\d.]+)\s*s"
                           r".*?mem usage=\s*(?P<gb>[-\d.]+)\s*GB")
 _METRIC = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{[^}]*\})?\s+(?P<val>[-+0-9.eEinfNa]+)\s*$")
+PROFILING = "Profiling starts"  # SGLang's log line when /start_profile begins
 METRIC_KEYS = {"spec_steps": "spec_steps", "fallback_steps": "fallback_steps", "switches": "switches"}
 
 
@@ -147,6 +148,11 @@ def parse_log(text: str) -> dict[int, RankLog]:
     return ranks
 
 
+def before_profile(text: str) -> str:
+    """The log up to the bench's profile after the levels: its steps run under the profiler."""
+    return text.split(PROFILING)[0]
+
+
 def decode_throughput_by_batch_size(text: str, rank: int = 0) -> dict[int, list[float]]:
     """The server's own decode throughput over steady intervals, grouped by batch size.
 
@@ -154,9 +160,9 @@ def decode_throughput_by_batch_size(text: str, rank: int = 0) -> dict[int, list[
     line. Only intervals of decode steps at one batch size count (no prefill, no change of size):
     at bs = C they give the decode-step rate of a level of concurrency C without the client, the
     HTTP stack and the level's ramp-up and tail, which dominate the wall time of short levels on
-    small models.
+    small models. A profile's wave after the levels is left out.
     """
-    rl = parse_log(text).get(rank)
+    rl = parse_log(before_profile(text)).get(rank)
     out: dict[int, list[float]] = {}
     for d in rl.decode if rl else []:
         if d.steady and d.gen_tok_per_s is not None:

@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench import cli, client  # noqa: E402
+from bench import cli, client, logparse  # noqa: E402
 from bench.configs import CONFIGS, parse_configs  # noqa: E402
 from bench.logparse import parse_log, parse_metrics, rank_of  # noqa: E402
 from bench.server import (  # noqa: E402
@@ -239,3 +239,19 @@ def test_report_takes_decode_rates_from_server_logs(tmp_path: Path, capsys: pyte
     assert (sw[30]["decode_tok_per_s"], sw[30]["decode_lines"]) == (None, 0)
     assert got["decode_ratios"]["switch-v2"] == {"10": pytest.approx(1600.0 / 2144.8)}  # median, rounded to 0.1
     assert "Decode-step throughput at bs = C" in out and "| switch-v2 | 1600 (3) |  |" in out
+
+
+def test_decode_rates_leave_out_a_profiles_wave() -> None:
+    # docs/bench/wave-start-c70: one level of C=70 (15 steady lines at bs=70 in results.json), then
+    # a wave-start profile of another wave at C=70, whose steps ran under the profiler
+    import tarfile
+
+    src = Path(__file__).resolve().parents[2] / "docs" / "bench" / "wave-start-c70" / "logs.tgz"
+    with tarfile.open(src) as tar:
+        member = tar.extractfile("bench-0/logs/switch-v2.log")
+        assert member is not None
+        text = member.read().decode(errors="replace")
+    assert logparse.PROFILING in text
+    level_only = logparse.decode_throughput_by_batch_size(text)[70]
+    with_profile = logparse.decode_throughput_by_batch_size(text.replace(logparse.PROFILING, "Profiling"))[70]
+    assert len(with_profile) == 15 and len(level_only) == 10

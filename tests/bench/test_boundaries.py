@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench import boundaries  # noqa: E402
+from bench import boundaries, logparse  # noqa: E402
 from bench.cli import main  # noqa: E402
 
 SWEEP = Path(__file__).resolve().parents[2] / "docs" / "bench" / "sweep-trained-gpu-bound"
@@ -71,7 +71,7 @@ def test_a_profile_after_the_levels_is_left_out(tmp_path: Path) -> None:
         tar.extractall(tmp_path, filter="data")
     text = (tmp_path / "bench-0" / "logs" / "switch-v2.log").read_text(errors="replace")
     (part,) = boundaries.level_parts(text, 1)
-    assert boundaries.PROFILING in text and boundaries.PROFILING not in part
+    assert logparse.PROFILING in text and logparse.PROFILING not in part
     level = boundaries.level_log(part, 70, 40, first=True)
     # the four turns of the level's counters (results.json: 4 switches), the profile's wave's none
     assert level.turns == (("ON", 1), ("OFF", 70), ("ON", 1), ("OFF", 70))
