@@ -58,13 +58,14 @@ def level_log(part: str, concurrency: int, steps_per_line: int, first: bool = Fa
     the level before it, as any wave boundary does."""
     rank0 = parse_log(part).get(0)
     decode = rank0.decode[1 if first else 0 :] if rank0 else []
-    at_c = [d for d in decode if d.batch_size == concurrency and d.gen_tok_per_s]
-    seconds = {id(d): steps_per_line * concurrency / d.gen_tok_per_s for d in at_c if d.gen_tok_per_s}
+    # (seconds of the interval, whether it held decode steps only) of each line at bs = C
+    at_c = [(steps_per_line * concurrency / d.gen_tok_per_s, d.steady)
+            for d in decode if d.batch_size == concurrency and d.gen_tok_per_s]
     prefills = [m for m in map(_PREFILL.search, part.splitlines()) if m]
     return LevelLog(
         concurrency=concurrency,
-        steady_s=tuple(seconds[id(d)] for d in at_c if d.steady),
-        after_prefill_s=tuple(seconds[id(d)] for d in at_c if not d.steady),
+        steady_s=tuple(s for s, steady in at_c if steady),
+        after_prefill_s=tuple(s for s, steady in at_c if not steady),
         smaller_batches=tuple(d.batch_size for d in decode if d.batch_size < concurrency),
         prefills=len(prefills),
         new_tokens=sum(int(m.group("new")) for m in prefills),

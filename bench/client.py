@@ -118,9 +118,9 @@ class LevelRun:
         return rates
 
     def wave_send_spread_s(self) -> list[float]:
-        """Each wave's span of send times. A wave whose requests went out over a long span starts
-        with a small batch, which a switch that decides by batch size answers: the client's
-        share of a slow wave boundary, set beside the server's log."""
+        """Each wave's span of send times: the client's share of a slow wave boundary, to set
+        beside the server's log (a wave sent over a long span starts as a small batch, which a
+        switch that decides by batch size answers by speculating)."""
         return [max(r.started for r in w) - min(r.started for r in w) for w in self._waves()]
 
 
