@@ -156,10 +156,12 @@ def _wave_lines(cfgs: Mapping[str, ConfigRecord], levels: list[int]) -> list[str
     """The spread of each level's waves: how much of a ratio above is this run's noise within a level."""
     if not any(len(lv.wave_tok_per_s) > 1 for c in cfgs.values() for lv in c.levels):
         return []
-    lines = ["Output tok/s of the level's waves, slowest-fastest (spread: fastest / slowest - 1), and the "
-             "longest span over which the client sent one wave's requests (a closed loop sends each as "
-             "one finishes). A slow first wave or wave boundary moves the level's rate above without "
-             "changing its steps.", "", *_header(levels)]
+    sent = any(lv.wave_send_spread_s for c in cfgs.values() for lv in c.levels)
+    lines = ["Output tok/s of the level's waves, slowest-fastest (spread: fastest / slowest - 1)"
+             + (", and the longest span over which the client sent one wave's requests (a closed loop sends "
+                "each as one finishes)" if sent else "")
+             + ". A slow first wave or wave boundary moves the level's rate above without changing its steps.",
+             "", *_header(levels)]
     for name, c in cfgs.items():
         by = {lv.concurrency: lv for lv in c.levels}
         lines.append(f"| {name} | " + " | ".join(_wave_cell(by.get(lvl)) for lvl in levels) + " |")
