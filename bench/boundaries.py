@@ -1,6 +1,7 @@
 """Where a level's time went between its full-batch decode steps, from a server's own log.
 
-`python -m bench boundaries OUT` reads a run's results.json and its servers' logs and prints, per
+`python -m bench boundaries RUN [--logs DIR|TGZ]` reads a run's results.json and its servers' logs
+(a folder, or the packed .tgz the GPU machine's script sends back) and prints, per
 config and level: the steady decode intervals at a batch of C (the level's step cost), the
 intervals that follow a prefill at that batch (which hold the wave boundaries), the decode lines
 at smaller batches (a wave that filled slowly), the prefill batches with their new and cached
@@ -21,6 +22,7 @@ import argparse
 import re
 import statistics
 import sys
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,10 +91,26 @@ def markdown(config: str, levels: list[LevelLog], steps_per_line: int) -> list[s
     return out + [""]
 
 
+def read_log(logs: Path, config: str) -> str:
+    """A config's server log from a folder of logs, or from a .tgz the device sent back packed."""
+    if logs.is_dir():
+        path = logs / f"{config}.log"
+        if not path.is_file():
+            raise ResultsError(f"no server log for {config} at {path} (give the folder with --logs)")
+        return path.read_text(errors="replace")
+    with tarfile.open(logs) as tar:
+        names = [m for m in tar.getmembers() if m.isfile() and m.name.endswith(f"logs/{config}.log")]
+        member = tar.extractfile(names[0]) if len(names) == 1 else None
+        if member is None:
+            raise ResultsError(f"{logs} holds {len(names)} logs/{config}.log, not one")
+        return member.read().decode(errors="replace")
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench boundaries", description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, help="a run's folder (results.json) or its results.json")
-    ap.add_argument("--logs", type=Path, default=None, help="the servers' logs (<config>.log); default RUN/logs")
+    ap.add_argument("--logs", type=Path, default=None,
+                    help="the servers' logs (<config>.log), a folder or the .tgz the device sent back; default RUN/logs")
     ap.add_argument("--decode-log-interval", type=int, default=40, help="the servers' (default %(default)s)")
     args = ap.parse_args(argv)
     path = args.run / "results.json" if args.run.is_dir() else args.run
@@ -101,15 +119,12 @@ def main(argv: list[str]) -> int:
         run, _ = read_results(path)
         out: list[str] = []
         for name, config in run.configs.items():
-            log = logs / f"{name}.log"
-            if not log.is_file():
-                raise ResultsError(f"no server log for {name} at {log} (give the folder with --logs)")
             levels = [lv.concurrency for lv in config.levels]
-            parts = level_parts(log.read_text(errors="replace"), len(levels))
+            parts = level_parts(read_log(logs, name), len(levels))
             logs_by_level = [level_log(p, c, args.decode_log_interval, first=i == 0)
                              for i, (p, c) in enumerate(zip(parts, levels, strict=True))]
             out += markdown(name, logs_by_level, args.decode_log_interval)
-    except (OSError, ResultsError) as e:
+    except (OSError, tarfile.TarError, ResultsError) as e:
         print(f"bench boundaries: {e}", file=sys.stderr)
         return 2
     print("\n".join(out))

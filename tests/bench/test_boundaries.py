@@ -48,8 +48,10 @@ def test_the_levels_missed_decompose_as_measured_by_hand(sweep: Path) -> None:
     assert (nospec70.prefills, nospec70.new_tokens, nospec70.cached_tokens) == (17, 2360, 8280)
 
 
-def test_the_command_prints_a_table_per_config(sweep: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["boundaries", str(sweep)]) == 0
+@pytest.mark.parametrize("packed", [False, True], ids=["folder", "tgz"])
+def test_the_command_prints_a_table_per_config(sweep: Path, packed: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["boundaries", str(SWEEP), "--logs", str(SWEEP / "bench-logs.tgz")] if packed else ["boundaries", str(sweep)]
+    assert main(args) == 0
     out = capsys.readouterr().out
     assert [line for line in out.splitlines() if line.startswith("`")] == ["`nospec`:", "`spec-v2`:", "`switch-v2`:"]
     assert "| 250 | 8, 0.3541 | 0.989, 0.688, 0.437 | 14 (23) | 45, 5672 / 33163 | ON at 1, OFF at 23 |" in out
@@ -63,6 +65,11 @@ def test_a_log_that_does_not_cover_the_levels_is_refused(sweep: Path, capsys: py
     log.unlink()
     assert main(["boundaries", str(sweep / "results.json")]) == 2
     assert f"no server log for spec-v2 at {log}" in capsys.readouterr().err
+    packed = sweep / "other.tgz"
+    with tarfile.open(packed, "w:gz") as tar:
+        tar.add(sweep / "logs" / "switch-v2.log", "bench-0/logs/switch-v2.log")
+    assert main(["boundaries", str(sweep), "--logs", str(packed)]) == 2
+    assert f"{packed} holds 0 logs/nospec.log, not one" in capsys.readouterr().err
 
 
 def test_a_profile_after_the_levels_is_left_out(tmp_path: Path) -> None:
