@@ -21,13 +21,13 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
-import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.cli import BenchUsageError
 from bench.logparse import before_profile, parse_log
-from bench.results import ResultsError, read_results
+from bench.results import read_results
 
 FLUSHED = "Cache flushed successfully"
 _PREFILL = re.compile(r"Prefill batch\b.*?#new-token:\s*(?P<new>\d+),\s*#cached-token:\s*(?P<cached>\d+)")
@@ -50,7 +50,7 @@ def level_parts(text: str, count: int) -> list[str]:
     """The log's part for each of `count` levels: what follows each of the last `count` flushes."""
     parts = text.split(FLUSHED)[1:]
     if len(parts) < count:
-        raise ResultsError(f"the server log holds {len(parts)} cache flushes, not one per level ({count})")
+        raise BenchUsageError(f"the server log holds {len(parts)} cache flushes, not one per level ({count})")
     return [before_profile(part) for part in parts[-count:]]
 
 
@@ -96,17 +96,21 @@ def read_log(logs: Path, config: str) -> str:
     if logs.is_dir():
         path = logs / f"{config}.log"
         if not path.is_file():
-            raise ResultsError(f"no server log for {config} at {path} (give the folder with --logs)")
+            raise BenchUsageError(f"no server log for {config} at {path} (give the folder with --logs)")
         return path.read_text(errors="replace")
-    with tarfile.open(logs) as tar:
-        names = [m for m in tar.getmembers() if m.isfile() and m.name.endswith(f"logs/{config}.log")]
-        member = tar.extractfile(names[0]) if len(names) == 1 else None
-        if member is None:
-            raise ResultsError(f"{logs} holds {len(names)} logs/{config}.log, not one")
-        return member.read().decode(errors="replace")
+    try:
+        with tarfile.open(logs) as tar:
+            names = [m for m in tar.getmembers() if m.isfile() and m.name.endswith(f"logs/{config}.log")]
+            member = tar.extractfile(names[0]) if len(names) == 1 else None
+            if member is None:
+                raise BenchUsageError(f"{logs} holds {len(names)} logs/{config}.log, not one")
+            return member.read().decode(errors="replace")
+    except (OSError, tarfile.TarError) as e:
+        raise BenchUsageError(f"--logs {logs}: neither a folder of logs nor a readable .tgz ({e})") from None
 
 
 def main(argv: list[str]) -> int:
+    """`python -m bench boundaries`; errors go to bench.cli.main, which maps them to exit codes."""
     ap = argparse.ArgumentParser(prog="python -m bench boundaries", description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, help="a run's folder (results.json) or its results.json")
     ap.add_argument("--logs", type=Path, default=None,
@@ -115,17 +119,15 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     path = args.run / "results.json" if args.run.is_dir() else args.run
     logs = args.logs or path.parent / "logs"
-    try:
-        run, _ = read_results(path)
-        out: list[str] = []
-        for name, config in run.configs.items():
-            levels = [lv.concurrency for lv in config.levels]
-            parts = level_parts(read_log(logs, name), len(levels))
-            logs_by_level = [level_log(p, c, args.decode_log_interval, first=i == 0)
-                             for i, (p, c) in enumerate(zip(parts, levels, strict=True))]
-            out += markdown(name, logs_by_level, args.decode_log_interval)
-    except (OSError, tarfile.TarError, ResultsError) as e:
-        print(f"bench boundaries: {e}", file=sys.stderr)
-        return 2
+    if not path.is_file():
+        raise BenchUsageError(f"boundaries: no results at {path}")
+    run, _ = read_results(path)
+    out: list[str] = []
+    for name, config in run.configs.items():
+        levels = [lv.concurrency for lv in config.levels]
+        parts = level_parts(read_log(logs, name), len(levels))
+        logs_by_level = [level_log(p, c, args.decode_log_interval, first=i == 0)
+                         for i, (p, c) in enumerate(zip(parts, levels, strict=True))]
+        out += markdown(name, logs_by_level, args.decode_log_interval)
     print("\n".join(out))
     return 0

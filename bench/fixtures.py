@@ -288,7 +288,8 @@ def _older_writers_set(base: Path, tag: str, key: str) -> Path | None:
     checked on CPU), not the other way round, and training it again would cost a GPU machine
     minutes when one session serves release lines of both.
     """
-    major = int(tag.rsplit("-", 1)[1]) if tag.rsplit("-", 1)[1].isdigit() else 0
+    major_text = tag.rpartition("-")[2]
+    major = int(major_text) if major_text.isdigit() else 0
     for older in range(major - 1, 0, -1):
         if (base / f"transformers-{older}" / key / DONE).is_file():
             return base / f"transformers-{older}" / key
