@@ -47,11 +47,14 @@ class LevelLog:
 
 
 def level_parts(text: str, count: int) -> list[str]:
-    """The log's part for each of `count` levels: what follows each of the last `count` flushes."""
+    """The log's part for each of `count` levels: what follows each of the first `count` flushes.
+
+    A run cut off inside a level (the device's time limit) flushed once more than it recorded levels:
+    that last part belongs to no level of results.json."""
     parts = text.split(FLUSHED)[1:]
     if len(parts) < count:
         raise BenchUsageError(f"the server log holds {len(parts)} cache flushes, not one per level ({count})")
-    return [before_profile(part) for part in parts[-count:]]
+    return [before_profile(part) for part in parts[:count]]
 
 
 def level_log(part: str, concurrency: int, steps_per_line: int, first: bool = False) -> LevelLog:
