@@ -11,8 +11,8 @@
 # Needs the offline bundle built here first, from the current series (refused otherwise):
 #   make bundle          (ci/gpu/make-bundle.sh; + optional ci/gpu/build-extra.sh)
 # Everything it writes goes under $OUT (device tool) or ./build/device-out.
-# DEVICE_TIMEOUT (default 560 s): the run is interrupted (SIGINT: servers stopped, results kept) before
-# the device's 10-minute limit.
+# DEVICE_TIMEOUT (default 560 s, at most 565): the run is interrupted (SIGINT: servers stopped, results
+# kept) early enough to stop and pack before the device's 10-minute limit.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mode="${1:-test}"; shift || true
