@@ -109,3 +109,19 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, default=None, help="default build/bench/<timestamp>")
     ap.add_argument("--tree", default=None, help="patched SGLang tree (default $SGLANG_TREE or build/sglang-v0.5.9)")
     return ap
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The benchmark's arguments. `--extra-flags VALUE` keeps VALUE even when it is one server flag
+    such as `--disable-piecewise-cuda-graph`, which argparse would otherwise read as an option of
+    the benchmark's own and refuse ("expected one argument")."""
+    return parser().parse_args(_bind_extra_flags(argv))
+
+
+def _bind_extra_flags(argv: list[str]) -> list[str]:
+    bound: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        value = next(args, None) if arg == "--extra-flags" else None
+        bound.append(arg if value is None else f"{arg}={value}")
+    return bound

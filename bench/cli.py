@@ -17,7 +17,7 @@ from typing import Any
 
 from bench import client, fixtures, profile, report
 from bench.analysis import hysteresis
-from bench.arguments import FULL_LEVELS, QUICK_LEVELS, parser
+from bench.arguments import FULL_LEVELS, QUICK_LEVELS, parse
 from bench.configs import (
     BASELINE_NOSPEC,
     BASELINE_SPEC,
@@ -278,7 +278,7 @@ def _meta(args: argparse.Namespace, settings: RunSettings, target: RunTarget, im
 
 
 def run(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
+    args = parse(argv)
     settings = RunSettings.from_args(args)
     try:
         named = parse_configs(args.configs) if args.configs else None

@@ -255,3 +255,22 @@ def test_decode_rates_leave_out_a_profiles_wave() -> None:
     level_only = logparse.decode_throughput_by_batch_size(text)[70]
     with_profile = logparse.decode_throughput_by_batch_size(text.replace(logparse.PROFILING, "Profiling"))[70]
     assert len(with_profile) == 15 and len(level_only) == 10
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--extra-flags", "--disable-piecewise-cuda-graph"],
+        ["--extra-flags=--disable-piecewise-cuda-graph"],
+    ],
+)
+def test_extra_flags_take_a_single_server_flag(argv: list[str]) -> None:
+    args = cli.parse([*argv, "--quick"])
+    assert args.extra_flags == "--disable-piecewise-cuda-graph"
+    assert args.quick
+
+
+def test_extra_flags_take_several_server_flags() -> None:
+    args = cli.parse(["--extra-flags", "--attention-backend flashinfer", "--concurrency", "10"])
+    assert args.extra_flags == "--attention-backend flashinfer"
+    assert args.concurrency == [10]

@@ -178,9 +178,9 @@ def test_stored_analysis_reads_what_analyse_wrote() -> None:
 
 
 def test_run_settings_apply_the_quick_defaults() -> None:
-    quick = cli.RunSettings.from_args(cli.parser().parse_args(["--quick"]))
+    quick = cli.RunSettings.from_args(cli.parse(["--quick"]))
     assert (quick.levels, quick.num_requests, quick.waves, quick.max_new_tokens) == (tuple(cli.QUICK_LEVELS), 10, 1, 128)
-    full = cli.RunSettings.from_args(cli.parser().parse_args(["--no-ignore-eos", "--switch-thresholds", "8,6"]))
+    full = cli.RunSettings.from_args(cli.parse(["--no-ignore-eos", "--switch-thresholds", "8,6"]))
     assert (full.levels, full.num_requests, full.waves, full.max_new_tokens) == (tuple(cli.FULL_LEVELS), 30, 3, 512)
     assert full.sampling == {"temperature": 0.0, "max_new_tokens": 512, "ignore_eos": False}
     assert full.switch_thresholds == (8, 6)

@@ -172,7 +172,7 @@ def test_bench_offers_every_fixture_preset() -> None:
     from bench import cli
 
     for name in fixtures.PRESETS:
-        assert cli.parser().parse_args(["--fixture-preset", name]).fixture_preset == name
+        assert cli.parse(["--fixture-preset", name]).fixture_preset == name
 
 
 def test_unavailable_device_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
