@@ -40,8 +40,11 @@ def analyse(run: RunResults) -> Analysis:
 
 
 def _always_speculative(c: ConfigRecord) -> bool:
+    """Speculating at every level: not our switch, nor upstream's adaptive mode, whose off tiers
+    would pass for speculation that never pays."""
     flags = c.flags or ()
-    return "--speculative-algorithm" in flags and "--speculative-disable-batch-size" not in flags
+    load_based = ("--speculative-disable-batch-size", "--speculative-adaptive")
+    return "--speculative-algorithm" in flags and not any(f in flags for f in load_based)
 
 
 def _ratios(cfgs: Mapping[str, ConfigRecord], s: Mapping[str, dict[int, float]]) -> dict[str, dict[int, float]]:

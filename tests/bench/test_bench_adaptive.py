@@ -9,9 +9,12 @@ import types
 from pathlib import Path
 
 import pytest
+from bench_helpers import levels
 
 from bench import cli
 from bench.configs import CONFIGS, off_above_tiers, parse_configs
+from bench.report import analyse
+from bench.results import ConfigRecord, RunResults
 from bench.server import missing_server_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,3 +105,17 @@ def test_a_config_whose_environment_switch_the_tree_lacks_is_refused(tmp_path: P
     with (after / "python" / "sglang" / "srt" / "environ.py").open("a") as environ:
         environ.write("    SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE = EnvBool(False)\n")
     cli.refuse_unsupported([CONFIGS["adaptive-v2-off-plain"], CONFIGS["adaptive-v2-off-plain-skip"]], after)
+
+
+def test_an_adaptive_config_gets_no_recommendation_of_its_own() -> None:
+    """Its levels above N run no speculation: read as an always-speculating sweep, they would make
+    the report advise serving without speculation, with switch flags a 0.5.15 tree does not have."""
+    nospec = {10: 2000.0, 30: 5500.0, 100: 14000.0}
+    eagle = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3")
+    run = RunResults(meta={}, configs={
+        "nospec": ConfigRecord(flags=(), levels=levels(nospec)),
+        "spec-v2": ConfigRecord(flags=eagle, levels=levels({c: v * 0.6 for c, v in nospec.items()})),
+        "adaptive-v2-off": ConfigRecord(flags=(*eagle, "--speculative-adaptive"), compare_to=("nospec", "spec-v2"),
+                                        levels=levels({c: v * 0.9 for c, v in nospec.items()})),
+    })
+    assert set(analyse(run).recommendations) == {"spec-v2"}
