@@ -23,11 +23,15 @@ def recommended_flags(analysis: Analysis, tree: Path, out: Path) -> list[str]:
     rec = analysis.recommendation
     if tree_has_switch(tree):
         return [f"recommended server flags: {rec.flags}"] if rec and rec.flags else []
-    v2 = analysis.recommendations.get("spec-v2")
-    if v2 is None or missing_server_args(tree, ["speculative_adaptive"]):
+    if missing_server_args(tree, ["speculative_adaptive"]):
         return []
+    # Which steps=0 variant is fastest stands on its own: an off-regime run measures it without
+    # spec-v2, and a run without a crossover still says which steps=0 to run if speculation stays.
+    v2 = analysis.recommendations.get("spec-v2")
+    if v2 is None:
+        return fastest_off_variant(analysis)
     if v2.kind != "crossover" or v2.disable_batch_size is None:
-        return [f"spec-v2 against nospec: {v2.message}"]
+        return [f"spec-v2 against nospec: {v2.message}", *fastest_off_variant(analysis)]
     n, steps = v2.disable_batch_size, num_steps(CONFIGS["spec-v2"])
     tiers = write_off_above_tiers(out / "recommended-tiers.json", n, steps)
     return [f"recommended server flags (upstream's adaptive speculation: {steps} steps up to a decode batch of {n}, "

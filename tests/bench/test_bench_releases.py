@@ -124,3 +124,18 @@ def test_a_lead_within_the_noise_is_called_so_and_an_unmeasured_noise_is_asked_f
     assert "fastest adaptive-v2-off-skip (SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1)" in line
     assert line.endswith("run with --repeat nospec to know whether that is above the noise")
     assert fastest_off_variant(_with_off_variants(adaptive_v2_off=OFF)) == []  # nothing to compare
+
+
+def test_an_off_regime_run_without_spec_v2_still_names_the_fastest_steps_zero_variant(tmp_path: Path) -> None:
+    """As the v0.5.15 comparison ran: nospec and the tier-file configs at C = 10, 30, 100 only."""
+    skip = {c: NOSPEC[c] * 0.5 for c in (10, 30, 100)}
+    plain = {c: NOSPEC[c] * 0.9 for c in (10, 30, 100)}
+    eagle = ("--speculative-algorithm", "EAGLE3", "--speculative-adaptive")
+    run = RunResults(meta={}, configs={
+        "nospec": ConfigRecord(flags=(), levels=levels({c: NOSPEC[c] for c in (10, 30, 100)})),
+        "adaptive-v2-off-skip": ConfigRecord(flags=eagle, levels=levels(skip)),
+        "adaptive-v2-off-plain": ConfigRecord(flags=eagle, levels=levels(plain)),
+    })
+    [line] = recommended_flags(report.analyse(run), _tree(tmp_path / "v0.5.15", ADAPTIVE), tmp_path)
+    assert "fastest adaptive-v2-off-plain (SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE=1), ahead by 0.400" in line
+    assert not (tmp_path / "recommended-tiers.json").exists()
