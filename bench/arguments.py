@@ -88,6 +88,8 @@ def parser() -> argparse.ArgumentParser:
                          "report its second/first ratio per level: the run-to-run noise a comparison within the run "
                          "must beat")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 512 (--quick 128)")
+    ap.add_argument("--freeze-gc", action="store_true",
+                    help="after each server's warm-up, freeze its garbage collector (SGLang's /freeze_gc, as for production serving), so that no full collection over the start-up objects pauses a measured level; every config alike")
     ap.add_argument("--quick", action="store_true", help="fewer levels, requests and tokens (fits a 10-minute device call)")
     ap.add_argument("--prompts", type=Path, default=None, help=f"prompt file (.jsonl/.json/.txt; default {client.DEFAULT_PROMPTS.name})")
     ap.add_argument("--chat-template", action="store_true", help="wrap prompts with the model's chat template")

@@ -84,6 +84,7 @@ class RunSettings:
     profile_steps: int
     profile_window: profile.ProfileWindow
     keep_traces: bool
+    freeze_gc: bool  # POST /freeze_gc after each server's warm-up
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RunSettings:
@@ -96,7 +97,8 @@ class RunSettings:
             ignore_eos=not args.no_ignore_eos, tp=args.tp, max_running_requests=args.max_running_requests,
             extra_flags=args.extra_flags, switch_thresholds=args.switch_thresholds,
             thresholds_from=args.thresholds_from, profile_at=tuple(args.profile_at or ()), profile_steps=args.profile_steps,
-            profile_window=profile.ProfileWindow(args.profile_window), keep_traces=args.keep_traces)
+            profile_window=profile.ProfileWindow(args.profile_window), keep_traces=args.keep_traces,
+            freeze_gc=args.freeze_gc)
 
     @property
     def sampling(self) -> dict[str, Any]:
@@ -182,6 +184,12 @@ def run_config(cfg: Config, settings: RunSettings, target: RunTarget, results: R
         # first measured level.
         for c in sorted({1, max(settings.levels)}):
             client.run_level(srv.url, target.prompts_for_level(c), c, {**settings.sampling, "max_new_tokens": 8})
+        if settings.freeze_gc:
+            try:
+                client.freeze_gc(srv.url)
+            except client.ClientError as e:
+                raise BenchError(str(e)) from None
+            say(f"[{cfg.name}] garbage collector frozen (/freeze_gc)")
         entry = _run_levels(cfg.name, srv.url, settings, target, results)
         for c in settings.profile_at:
             profiled = _profile(cfg.name, srv.url, c, settings, target, log)
@@ -274,7 +282,8 @@ def _meta(args: argparse.Namespace, settings: RunSettings, target: RunTarget, im
         "tp": settings.tp, "levels": ",".join(map(str, settings.levels)),
         "num_requests": settings.num_requests, "waves": settings.waves, "max_new_tokens": settings.max_new_tokens,
         "temperature": settings.temperature, "prompts": target.prompts_file, "sglang": imported,
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "extra_flags": settings.extra_flags}
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "extra_flags": settings.extra_flags,
+        **({"freeze_gc": True} if settings.freeze_gc else {})}
 
 
 def run(argv: list[str]) -> int:

@@ -176,6 +176,21 @@ def flush_cache(url: str) -> None:
         pass
 
 
+class ClientError(RuntimeError):
+    """A request the benchmark needs was refused by the server."""
+
+
+def freeze_gc(url: str) -> None:
+    """Freeze the server's garbage collector: objects alive now are never scanned again."""
+    try:
+        r = requests.post(url + "/freeze_gc", timeout=60)
+    except requests.RequestException as e:
+        raise ClientError(f"--freeze-gc: POST {url}/freeze_gc failed: {e}") from None
+    if r.status_code != 200:
+        raise ClientError(f"--freeze-gc: POST {url}/freeze_gc answered {r.status_code} {r.text[:200]!r}: this "
+                          "SGLang has no /freeze_gc; run without --freeze-gc")
+
+
 def is_healthy(url: str) -> bool:
     """The server answers /health (its scheduler is alive)."""
     try:

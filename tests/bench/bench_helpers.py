@@ -19,9 +19,9 @@ USER_SPEC = dict(zip(LEVELS, [77.5, 125.1, 183.2, 239.6, 299.5, 337.7, 338.8, 34
 USER_NOSPEC = dict(zip(LEVELS, [92.6, 159.7, 292.5, 457.2, 711.0, 784.2, 761.6, 772.1], strict=False))
 
 
-def run_fake_bench(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def run_fake_bench(out: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`python -m bench ARGS` against the fake server of tests/bench/data/fake_tree, writing to out."""
-    env = {**os.environ, "SGL_BASE_FLAGS": "", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "SGL_BASE_FLAGS": "", "PYTHONPATH": str(ROOT), **(env or {})}
     cmd = [sys.executable, "-m", "bench", "--tree", str(FAKE_TREE), *args, "--out", str(out), "--startup-timeout", "60"]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
 

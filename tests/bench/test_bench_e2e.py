@@ -89,3 +89,19 @@ def test_repeat_serves_a_config_again_and_names_a_config_the_run_lacks(tmp_path:
 
     p = run_fake_bench(tmp_path / "bad", *base, "--repeat", "spec")
     assert p.returncode == 2 and "--repeat spec: not one of the run's configs (nospec)" in p.stderr
+
+
+def test_freeze_gc_freezes_each_server_after_its_warm_up(tmp_path: Path) -> None:
+    base = ("--model", "/fake/t", "--configs", "nospec", "--concurrency", "1", "--num-requests", "2",
+            "--max-new-tokens", "4", "--freeze-gc")
+    p = run_fake_bench(tmp_path / "ok", *base)
+    assert p.returncode == 0, p.stderr[-3000:]
+    log = (tmp_path / "ok" / "logs" / "nospec.log").read_text()
+    # after the warm-up's requests, before the level's
+    warm_up, level = log.split("freeze_gc: garbage collector frozen")
+    assert "Decode batch" in warm_up and "Decode batch" in level
+    assert json.loads((tmp_path / "ok" / "results.json").read_text())["meta"]["freeze_gc"] is True
+
+    p = run_fake_bench(tmp_path / "old", *base, env={"FAKE_NO_FREEZE_GC": "1"})
+    assert "this SGLang has no /freeze_gc; run without --freeze-gc" in p.stderr
+    assert "failed" in json.loads((tmp_path / "old" / "results.json").read_text())["configs"]["nospec"]

@@ -1,4 +1,4 @@
-"""Fake `python -m sglang.launch_server`: /health, /generate, /metrics, /flush_cache, /start_profile.
+"""Fake `python -m sglang.launch_server`: /health, /generate, /metrics, /flush_cache, /freeze_gc, /start_profile.
 
 Generates `max_new_tokens` ids after a short sleep; counts spec/fallback steps by concurrency when
 --speculative-disable-batch-size is given; logs spec-switch lines like the patch and a decode line
@@ -62,6 +62,11 @@ class H(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         if self.path == "/flush_cache":
+            return self._send(200, "{}")
+        if self.path == "/freeze_gc":
+            if os.environ.get("FAKE_NO_FREEZE_GC"):
+                return self._send(404, '{"detail": "Not Found"}')
+            print("[fake TP0] freeze_gc: garbage collector frozen", flush=True)
             return self._send(200, "{}")
         if self.path == "/start_profile":
             threading.Thread(target=write_trace, args=(body["output_dir"],), daemon=True).start()
