@@ -15,6 +15,10 @@ from bench.http_post import post_json
 DEFAULT_PROMPTS = Path(__file__).parent / "data" / "coding_prompts.jsonl"
 
 
+class ClientError(RuntimeError):
+    """A request the benchmark needs was refused by the server."""
+
+
 def load_prompts(path: Path | str | None = None) -> list[str]:
     """Prompts from a .jsonl ({"prompt": ...} per line), a .json list, or a text file (one per line)."""
     p = Path(path or DEFAULT_PROMPTS)
@@ -174,10 +178,6 @@ def flush_cache(url: str) -> None:
         requests.post(url + "/flush_cache", timeout=30)
     except requests.RequestException:
         pass
-
-
-class ClientError(RuntimeError):
-    """A request the benchmark needs was refused by the server."""
 
 
 def freeze_gc(url: str) -> None:
