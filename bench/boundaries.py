@@ -59,7 +59,7 @@ def level_parts(text: str, count: int) -> list[str]:
 
 def level_log(part: str, concurrency: int, steps_per_line: int, first: bool = False) -> LevelLog:
     """first: the run's first level, whose first decode line's interval reaches back to the server's
-    start (the warm-up writes no decode line); a later level's first interval holds only the end of
+    start or into the warm-up's short waves; a later level's first interval holds only the end of
     the level before it, as any wave boundary does."""
     rank0 = parse_log(part).get(0)
     decode = rank0.decode[1 if first else 0 :] if rank0 else []

@@ -11,6 +11,7 @@ import argparse
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,19 @@ def _switch_thresholds(cfg: Config, settings: RunSettings, results: RunResults) 
     return rec.disable_batch_size, rec.enable_batch_size
 
 
+def warm_up_levels(levels: Sequence[int]) -> list[int]:
+    """The concurrencies each fresh server is warmed up at, with short requests: the powers of two
+    up to the largest level, the last one capped at it.
+
+    A server compiles a triton kernel the first time it meets a new value of a constexpr, and
+    SGLang's speculative paths specialise several on the next power of two of the batch size
+    (assign_extend_cache_locs and others); those compiles would otherwise land in the first wave
+    of each level that reaches a new power, on the speculative servers more than on a plain one.
+    """
+    top = max(levels)
+    return sorted({min(1 << k, top) for k in range((top - 1).bit_length() + 1)})
+
+
 def requests_for_level(num_requests: int, waves: int, concurrency: int) -> int:
     return max(num_requests, waves * concurrency)
 
@@ -180,9 +194,7 @@ def run_config(cfg: Config, settings: RunSettings, target: RunTarget, results: R
     with Server(spec, log, target.tree) as srv:
         say(f"[{cfg.name}] server up in {time.monotonic() - t0:.0f}s: {srv.command}")
         entry = results.configs[cfg.name] = replace(entry, startup_s=round(time.monotonic() - t0, 1))
-        # A fresh server's first requests pay for triton JIT compiles; keep that out of the
-        # first measured level.
-        for c in sorted({1, max(settings.levels)}):
+        for c in warm_up_levels(settings.levels):
             client.run_level(srv.url, target.prompts_for_level(c), c, {**settings.sampling, "max_new_tokens": 8})
         if settings.freeze_gc:
             try:

@@ -105,3 +105,26 @@ def test_freeze_gc_freezes_each_server_after_its_warm_up(tmp_path: Path) -> None
     p = run_fake_bench(tmp_path / "old", *base, env={"FAKE_NO_FREEZE_GC": "1"})
     assert "this SGLang has no /freeze_gc; run without --freeze-gc" in p.stderr
     assert "failed" in json.loads((tmp_path / "old" / "results.json").read_text())["configs"]["nospec"]
+
+
+@pytest.mark.parametrize("levels", [[1], [3], [10, 30, 100], [1, 2, 5, 10, 30, 70, 100, 250]])
+def test_the_warm_up_reaches_every_power_of_two_bucket_of_the_levels(levels: list[int]) -> None:
+    """SGLang's speculative kernels specialise on next_power_of_2(batch size): every batch size a
+    level can run, from 1 to its concurrency, falls in a bucket the warm-up has run."""
+    from bench.cli import warm_up_levels
+
+    def bucket(bs: int) -> int:
+        return 1 << (bs - 1).bit_length()
+
+    warm = warm_up_levels(levels)
+    assert max(warm) == max(levels)
+    assert {bucket(bs) for bs in range(1, max(levels) + 1)} == {bucket(c) for c in warm}
+
+
+def test_each_server_is_warmed_up_at_the_powers_of_two_before_the_levels(tmp_path: Path) -> None:
+    p = run_fake_bench(tmp_path, "--model", "/fake/t", "--configs", "nospec", "--concurrency", "3",
+                       "--num-requests", "3", "--waves", "1", "--max-new-tokens", "4")
+    assert p.returncode == 0, p.stderr[-3000:]
+    served = (tmp_path / "logs" / "nospec.log").read_text().count("Decode batch")
+    # the readiness probe, the warm-up at 1, 2 and 3 (the level, in place of 4), then the level
+    assert served == 1 + (1 + 2 + 3) + 3
