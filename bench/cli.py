@@ -197,10 +197,7 @@ def run_config(cfg: Config, settings: RunSettings, target: RunTarget, results: R
         for c in warm_up_levels(settings.levels):
             client.run_level(srv.url, target.prompts_for_level(c), c, {**settings.sampling, "max_new_tokens": 8})
         if settings.freeze_gc:
-            try:
-                client.freeze_gc(srv.url)
-            except client.ClientError as e:
-                raise BenchError(str(e)) from None
+            client.freeze_gc(srv.url)
             say(f"[{cfg.name}] garbage collector frozen (/freeze_gc)")
         entry = _run_levels(cfg.name, srv.url, settings, target, results)
         for c in settings.profile_at:
@@ -345,7 +342,7 @@ def _run_configs(cfgs: list[Config], settings: RunSettings, target: RunTarget, r
         t_cfg = time.monotonic()
         try:
             run_config(cfg, settings, target, results)
-        except (ServerError, BenchError) as e:
+        except (ServerError, client.ClientError, BenchError) as e:
             say(f"[{cfg.name}] FAILED: {e}")
             results.configs[cfg.name] = replace(results.configs.get(cfg.name, ConfigRecord()), failed=str(e)[:2000])
             failed.append(cfg.name)
