@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from bench import split_runs
 from bench.analysis import Recommendation, best_of_ratios, recommend, series
 from bench.configs import AGAIN, BASELINE_NOSPEC, BASELINE_SPEC, CONFIGS
 from bench.logparse import decode_throughput_by_batch_size
@@ -319,6 +320,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", type=Path, default=None, help="default: the first input's folder")
     ap.add_argument("--logs", type=Path, default=None,
                     help="folder of server logs (<config>.log) to take decode-step rates from")
+    ap.add_argument("--split", metavar="TITLE", default=None,
+                    help="the inputs are parts of one sweep, each with its own nospec: write split.md and "
+                         "split.png (each ratio taken inside its own run) to --out instead of merging")
     args = ap.parse_args(argv)
     parts = []
     for p in args.inputs:
@@ -328,6 +332,8 @@ def main(argv: list[str]) -> int:
             return 2
         parts.append(read_results(f)[0])  # the analysis is redone from the merged configs
     out = args.out or (args.inputs[0] if args.inputs[0].is_dir() else args.inputs[0].parent)
+    if args.split is not None:
+        return _write_split(args.inputs, parts, out, args.split)
     out.mkdir(parents=True, exist_ok=True)
     results = merge(*parts)
     if args.logs:
@@ -340,4 +346,17 @@ def main(argv: list[str]) -> int:
     analysis, paths = write_all(results, out, plot=True)
     print(markdown(results, analysis))
     print("wrote " + ", ".join(str(p) for p in paths.values() if p), file=sys.stderr)
+    return 0
+
+
+def _write_split(inputs: list[Path], parts: list[RunResults], out: Path, title: str) -> int:
+    labels = [(p if p.is_dir() else p.parent).name for p in inputs]
+    if len(set(labels)) != len(labels):
+        print(f"bench report --split: the runs are told apart by their folders' names, and these repeat: "
+              f"{', '.join(labels)}; give each run its own folder name", file=sys.stderr)
+        return 2
+    written = split_runs.write([split_runs.Part(lbl, run, analyse(run)) for lbl, run in zip(labels, parts, strict=True)],
+                               out, title)
+    print((out / "split.md").read_text(encoding="utf-8"))
+    print("wrote " + ", ".join(map(str, written)), file=sys.stderr)
     return 0
