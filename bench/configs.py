@@ -96,6 +96,9 @@ DEFAULT_CONFIGS = ["nospec", "spec", "spec-v2", "switch-v1", "switch-v2"]
 # A line without the switch (v0.5.15, v0.5.23): upstream's load-based speculation where it exists
 # (0.5.11+), with the tier file that turns it off above the crossover this run measures.
 DEFAULT_UPSTREAM_CONFIGS = ["nospec", "spec-v2", "adaptive-v2-off"]
+# A line carrying our plain-decode steps=0 (the v0.5.15 and v0.5.23 lines' 0002): both steps=0
+# forms under the same tier file, so the run says which to recommend.
+DEFAULT_LINE_CONFIGS = [*DEFAULT_UPSTREAM_CONFIGS, "adaptive-v2-off-plain"]
 DEFAULT_PLAIN_CONFIGS = ["nospec", "spec-v2"]
 # The recommendation is computed from these two sweeps.
 BASELINE_NOSPEC, BASELINE_SPEC = "nospec", "spec"
@@ -127,11 +130,14 @@ def num_steps(cfg: Config) -> int:
     return int(cfg.flags[cfg.flags.index("--speculative-num-steps") + 1])
 
 
-def default_configs(has_switch: bool, has_adaptive: bool) -> list[str]:
-    """What `python -m bench` runs without --configs on a tree with or without these flags."""
+def default_configs(has_switch: bool, has_adaptive: bool, has_plain_decode: bool = False) -> list[str]:
+    """What `python -m bench` runs without --configs on a tree with or without these flags (and
+    the plain-decode steps=0 variable)."""
     if has_switch:
         return DEFAULT_CONFIGS
-    return DEFAULT_UPSTREAM_CONFIGS if has_adaptive else DEFAULT_PLAIN_CONFIGS
+    if not has_adaptive:
+        return DEFAULT_PLAIN_CONFIGS
+    return DEFAULT_LINE_CONFIGS if has_plain_decode else DEFAULT_UPSTREAM_CONFIGS
 
 
 def off_above_tiers(n: int, steps: int) -> dict[str, dict[str, list[int]]]:

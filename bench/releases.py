@@ -6,14 +6,24 @@ import statistics
 from collections.abc import Mapping
 from pathlib import Path
 
-from bench.configs import AGAIN, BASELINE_NOSPEC, CONFIGS, default_configs, num_steps, write_off_above_tiers
+from bench.configs import (
+    AGAIN,
+    BASELINE_NOSPEC,
+    CONFIGS,
+    ZERO_STEP_PLAIN_DECODE,
+    default_configs,
+    num_steps,
+    write_off_above_tiers,
+)
 from bench.results import Analysis
-from bench.server import missing_server_args, tree_has_switch
+from bench.server import missing_environ, missing_server_args, tree_has_switch
 
 
 def configs_for_tree(tree: Path) -> list[str]:
-    """The default configs for what the tree's SGLang has: the switch, or upstream's adaptive mode."""
-    return default_configs(tree_has_switch(tree), not missing_server_args(tree, ["speculative_adaptive"]))
+    """The default configs for what the tree's SGLang has: the switch, or upstream's adaptive mode
+    (with our plain-decode steps=0 beside upstream's where the tree carries it)."""
+    return default_configs(tree_has_switch(tree), not missing_server_args(tree, ["speculative_adaptive"]),
+                           not missing_environ(tree, [ZERO_STEP_PLAIN_DECODE]))
 
 
 def recommended_flags(analysis: Analysis, tree: Path, out: Path) -> list[str]:

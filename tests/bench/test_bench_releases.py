@@ -10,7 +10,14 @@ import pytest
 from bench_helpers import levels
 
 from bench import report
-from bench.configs import DEFAULT_CONFIGS, DEFAULT_PLAIN_CONFIGS, DEFAULT_UPSTREAM_CONFIGS, off_above_tiers
+from bench.configs import (
+    DEFAULT_CONFIGS,
+    DEFAULT_LINE_CONFIGS,
+    DEFAULT_PLAIN_CONFIGS,
+    DEFAULT_UPSTREAM_CONFIGS,
+    ZERO_STEP_PLAIN_DECODE,
+    off_above_tiers,
+)
 from bench.releases import configs_for_tree, fastest_off_variant, recommended_flags
 from bench.results import ConfigRecord, RunResults
 
@@ -42,6 +49,9 @@ def test_the_default_configs_follow_what_the_tree_has(tmp_path: Path) -> None:
     assert configs_for_tree(_tree(tmp_path / "upstream", ADAPTIVE)) == DEFAULT_UPSTREAM_CONFIGS
     assert configs_for_tree(_tree(tmp_path / "grouped", ADAPTIVE, in_arg_groups=True)) == DEFAULT_UPSTREAM_CONFIGS
     assert configs_for_tree(_tree(tmp_path / "old", [])) == DEFAULT_PLAIN_CONFIGS
+    line = _tree(tmp_path / "line", ADAPTIVE)
+    (line / "python" / "sglang" / "srt" / "environ.py").write_text(f"    {ZERO_STEP_PLAIN_DECODE} = EnvBool(False)\n")
+    assert configs_for_tree(line) == DEFAULT_LINE_CONFIGS and "adaptive-v2-off-plain" in DEFAULT_LINE_CONFIGS
 
 
 def test_the_default_configs_on_the_project_lines() -> None:
@@ -49,7 +59,7 @@ def test_the_default_configs_on_the_project_lines() -> None:
     if not all((t / "python" / "sglang").is_dir() for t in trees.values()):
         pytest.skip("needs the v0.5.9, v0.5.15 and v0.5.23 trees (make apply for each)")
     assert {ref: configs_for_tree(t) for ref, t in trees.items()} == {
-        "v0.5.9": DEFAULT_CONFIGS, "v0.5.15": DEFAULT_UPSTREAM_CONFIGS, "v0.5.23": DEFAULT_UPSTREAM_CONFIGS}
+        "v0.5.9": DEFAULT_CONFIGS, "v0.5.15": DEFAULT_LINE_CONFIGS, "v0.5.23": DEFAULT_LINE_CONFIGS}
 
 
 def _analysis() -> report.Analysis:
