@@ -1,4 +1,5 @@
 """check, status, test, new: end to end through ``main(argv)`` on real repos."""
+import os
 import shutil
 import subprocess
 import sys
@@ -173,7 +174,10 @@ def test_make_exits_2_but_its_output_names_the_tools_code(env: Env) -> None:
     shutil.copy(REAL_ROOT / "Makefile", env.root / "Makefile")
     shutil.copytree(REAL_ROOT / "tools", env.root / "tools", ignore=shutil.ignore_patterns("__pycache__"))
     (env.tree / "python/sglang/__init__.py").write_text("work in progress\n")
-    res = subprocess.run(["make", "apply", f"PYTHON={sys.executable}"], cwd=env.root, capture_output=True, text=True)
+    # Under `make test SGLANG_REF=...` the outer make's variables reach this one through MAKEFLAGS.
+    clean = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "SGLANG_REF")}
+    res = subprocess.run(["make", "apply", f"PYTHON={sys.executable}"], cwd=env.root, capture_output=True, text=True,
+                         env=clean)
     assert res.returncode == 2
     assert "error (exit 3: work would be lost): " in res.stderr
     assert (env.tree / "python/sglang/__init__.py").read_text() == "work in progress\n"
