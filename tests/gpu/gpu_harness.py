@@ -369,6 +369,12 @@ def fallback_decode_lines(run: Run, disable: int, rank: int = 0) -> list[Any]:
     return out
 
 
+def adaptive_state_switches(log_text: str) -> list[str]:
+    """Upstream's --speculative-adaptive log of its state swaps ("<from> -> <to>" steps), in order."""
+    marker = "Switch adaptive runtime state"
+    return [line.split(marker + ": ")[-1] for line in log_text.splitlines() if marker in line]
+
+
 def fallback_graph_replays(run: Run) -> tuple[list[Any], list[Any]]:
     """The fallback decode log lines at batch sizes with a captured graph, and those of them that ran
     eagerly (what the graph tests require to be none)."""

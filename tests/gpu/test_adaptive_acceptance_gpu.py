@@ -59,8 +59,7 @@ def test_acceptance_after_a_high_load_period(ctx: dict[str, Any], case: str) -> 
     name = f"reenable-adaptive-{case}"
     out, log = R.serve(name, adaptive_spec(ctx, env), ctx, ctx["ids"], R.burst_lengths())
     text = log.read_text(errors="replace")
-    switches = [line.split("Switch adaptive runtime state: ")[-1] for line in text.splitlines()
-                if "Switch adaptive runtime state" in line]
+    switches = H.adaptive_state_switches(text)
     assert any("-> 0" in s for s in switches) and any(f"-> {STEPS}" in s for s in switches), (
         f"{name}: expected the tiers to turn speculation off and back on ({log}): {switches[:4]}")
     survivors = out[R.BURST :]

@@ -39,8 +39,7 @@ def default_tiers_run(ctx: dict[str, Any]) -> H.Run:
 
 def test_starts_and_serves_the_ramp(ctx: dict[str, Any]) -> None:
     run = default_tiers_run(ctx)
-    switches = [line.split("Switch adaptive runtime state: ")[-1] for line in run.log_text.splitlines()
-                if "Switch adaptive runtime state" in line]
+    switches = H.adaptive_state_switches(run.log_text)
     SUMMARY.append(f"[adaptive default tiers {PAIR}] {len(run.results)} requests, {len(run.errors)} errors; "
                    f"state switches {len(switches)}: {switches[:6]}; log {run.log_path}")
     assert not run.errors, f"{len(run.errors)} request(s) failed, first: {run.errors[0]}\nlog: {run.log_path}"

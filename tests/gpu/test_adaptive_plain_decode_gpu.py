@@ -45,8 +45,7 @@ def plain_decode_run(ctx: dict[str, Any]) -> H.Run:
 
 def test_serves_the_ramp_off_above_n_on_decode_graphs(ctx: dict[str, Any]) -> None:
     run = plain_decode_run(ctx)
-    switches = [line.split("Switch adaptive runtime state: ")[-1] for line in run.log_text.splitlines()
-                if "Switch adaptive runtime state" in line]
+    switches = H.adaptive_state_switches(run.log_text)
     in_range, eager = H.fallback_graph_replays(run)
     SUMMARY.append(f"[adaptive plain-decode {PAIR}] {len(run.results)} requests, {len(run.errors)} errors; "
                    f"{len(in_range)} decode log lines above a batch of {H.DISABLE + 1} with a graph size, "

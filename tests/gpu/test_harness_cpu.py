@@ -73,3 +73,13 @@ def test_float32_logits_only_for_the_generated_trained_pair(monkeypatch: pytest.
     assert H.pair_flags("exact") == H.pair_flags("kimi-random") == []
     monkeypatch.setenv("SGL_TEST_MODEL", "/models/user")
     assert H.pair_flags("trained") == []
+
+
+def test_adaptive_state_switches_are_read_in_order_from_the_log() -> None:
+    # as eagle_worker_v2.py (0.5.15) logs them, between other scheduler lines
+    log = ("[2026-12-03 03:20:19] Prefill batch, #new-seq: 4\n"
+           "[2026-12-03 03:20:20] Switch adaptive runtime state: steps 3 -> 0, draft_tokens 4 -> 1\n"
+           "[2026-12-03 03:20:21] Decode batch, #running-req: 30\n"
+           "[2026-12-03 03:20:22] Switch adaptive runtime state: steps 0 -> 3, draft_tokens 1 -> 4\n")
+    assert H.adaptive_state_switches(log) == ["steps 3 -> 0, draft_tokens 4 -> 1", "steps 0 -> 3, draft_tokens 1 -> 4"]
+    assert H.adaptive_state_switches("Decode batch, #running-req: 30\n") == []
