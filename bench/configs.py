@@ -130,6 +130,12 @@ def num_steps(cfg: Config) -> int:
     return int(cfg.flags[cfg.flags.index("--speculative-num-steps") + 1])
 
 
+def declared_references(name: str, recorded: tuple[str, ...]) -> tuple[str, ...]:
+    """What a config's ratio compares it with: as its results recorded, else (older results) as
+    the config is defined now."""
+    return recorded or (CONFIGS[name].compare_to if name in CONFIGS else ())
+
+
 def default_configs(has_switch: bool, has_adaptive: bool, has_plain_decode: bool = False) -> list[str]:
     """What `python -m bench` runs without --configs on a tree with or without these flags (and
     the plain-decode steps=0 variable)."""

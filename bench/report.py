@@ -13,10 +13,10 @@ import statistics
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from bench import split_runs
 from bench.analysis import Recommendation, best_of_ratios, recommend, series
-from bench.configs import AGAIN, BASELINE_NOSPEC, BASELINE_SPEC, CONFIGS
+from bench.configs import AGAIN, BASELINE_NOSPEC, BASELINE_SPEC, declared_references
 from bench.logparse import decode_throughput_by_batch_size
 from bench.profile import markdown as profile_markdown
 from bench.results import Analysis, ConfigRecord, LevelRecord, RateKey, RunResults, read_results
@@ -52,8 +52,7 @@ def _ratios(cfgs: Mapping[str, ConfigRecord], s: Mapping[str, dict[int, float]])
     """config / max(its compare_to configs) per level."""
     ratios: dict[str, dict[int, float]] = {}
     for name, c in cfgs.items():
-        refs = c.compare_to or (CONFIGS[name].compare_to if name in CONFIGS else ())
-        present = [r for r in refs if r in s]
+        present = [r for r in declared_references(name, c.compare_to) if r in s]
         if present and name in s:
             ratios[name] = best_of_ratios(s[name], *(s[r] for r in present))
     return ratios
@@ -283,13 +282,7 @@ def write_plot(run: RunResults, analysis: Analysis, path: Path) -> Path | None:
     rec = analysis.recommendation
     if rec and rec.crossover:
         ax.axvline(rec.crossover, color="grey", linestyle=":", label=f"crossover C~{rec.crossover:.1f}")
-    ax.set_xscale("log")
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
-
-    ax.set_xticks(levels_of(run))
-    ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("concurrency (requests in flight)")
+    concurrency_axis(ax, levels_of(run))
     ax.set_ylabel("output tokens / s")
     title = run.meta.get("title") or "throughput vs concurrency"
     ax.set_title(title)
@@ -299,6 +292,17 @@ def write_plot(run: RunResults, analysis: Analysis, path: Path) -> Path | None:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def concurrency_axis(ax: Any, levels: list[int]) -> None:
+    """A plot's x axis: the run's concurrency levels, on a log scale, labelled as plain numbers."""
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    ax.set_xscale("log")
+    ax.set_xticks(levels)
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("concurrency (requests in flight)")
 
 
 def write_all(run: RunResults, out: Path, plot: bool = True) -> tuple[Analysis, dict[str, Path | None]]:
@@ -350,6 +354,7 @@ def main(argv: list[str]) -> int:
 
 
 def _write_split(inputs: list[Path], parts: list[RunResults], out: Path, title: str) -> int:
+    from bench import split_runs  # it builds on this module's analysis and plot axis
     labels = [(p if p.is_dir() else p.parent).name for p in inputs]
     if len(set(labels)) != len(labels):
         print(f"bench report --split: the runs are told apart by their folders' names, and these repeat: "

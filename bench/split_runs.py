@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import report
 from bench.analysis import series
-from bench.configs import BASELINE_NOSPEC, CONFIGS
+from bench.configs import BASELINE_NOSPEC, declared_references
 from bench.results import Analysis, RateKey, RunResults
 
 RATIO_TARGET = 0.97  # the switch's goal against the better reference (report.py bolds below 0.95)
@@ -47,7 +48,7 @@ def ratios_by_level(parts: Sequence[Part], key: RateKey) -> Ratios:
     for p in parts:
         table = p.analysis.ratios if key == "tok_per_s" else p.analysis.decode_ratios
         for name, by_level in table.items():
-            declared = p.run.configs[name].compare_to or (CONFIGS[name].compare_to if name in CONFIGS else ())
+            declared = declared_references(name, p.run.configs[name].compare_to)
             refs = tuple(r for r in declared if r in p.run.configs)
             missing = tuple(r for r in declared if r not in p.run.configs)
             for level, ratio in by_level.items():
@@ -67,7 +68,7 @@ def baseline_spread(parts: Sequence[Part], key: RateKey, name: str = BASELINE_NO
 
 
 def levels_of(parts: Sequence[Part]) -> list[int]:
-    return sorted({lv.concurrency for p in parts for c in p.run.configs.values() for lv in c.levels})
+    return sorted({c for p in parts for c in report.levels_of(p.run)})
 
 
 def markdown(parts: Sequence[Part]) -> str:
@@ -106,7 +107,6 @@ def write_plot(parts: Sequence[Part], path: Path, title: str) -> Path | None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import NullFormatter, ScalarFormatter
     except ImportError:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), dpi=120, sharey=True)
@@ -119,11 +119,7 @@ def write_plot(parts: Sequence[Part], path: Path, title: str) -> Path | None:
                     ax.plot(c, r.ratio, marker="o", color=line.get_color(), fillstyle="none" if r.missing else "full")
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.axhline(RATIO_TARGET, color="grey", linestyle=":", label=f"{RATIO_TARGET}")
-        ax.set_xscale("log")
-        ax.set_xticks(levels_of(parts))
-        ax.xaxis.set_major_formatter(ScalarFormatter())
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel("concurrency (requests in flight)")
+        report.concurrency_axis(ax, levels_of(parts))
         ax.set_title(f"{label}: ratio to the best reference in its run\n(hollow: a reference missing from that run)",
                      fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
