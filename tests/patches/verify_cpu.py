@@ -1,0 +1,110 @@
+"""EAGLE verify on CPU: a word-level tokenizer, chain-shaped verify inputs, and a torch reference
+for sgl_kernel's verify_tree_greedy (the one native kernel on the greedy verify path).
+
+The tokenizer is a real transformers fast tokenizer loaded through SGLang's own get_tokenizer:
+token i is the word `w<i>`, so a test writes stop strings as words and knows their token ids.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from sglang_cpu import VOCAB
+
+
+def word_tokenizer(path: Path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+    vocab = {f"w{i}": i for i in range(VOCAB)}
+    model = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    model.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=model, eos_token="w2").save_pretrained(path)
+    return get_tokenizer(str(path))
+
+
+def verify_tree_greedy(
+    predicts,
+    accept_index,
+    accept_token_num,
+    candidates,
+    retrive_index,
+    retrive_next_token,
+    retrive_next_sibling,
+    target_predict,
+):
+    # sgl-kernel's greedy tree walk: from the root, follow the child (then its siblings) whose
+    # draft token equals the target's prediction at the last accepted node; write the target's
+    # prediction at every accepted node and the bonus at the last one.
+    flat_target = target_predict.reshape(-1)
+    bs, num_draft = candidates.shape
+    steps = accept_index.shape[1]
+    for b in range(bs):
+        last = int(retrive_index[b, 0])
+        accept_index[b, 0] = last
+        accepted = 0
+        cur = 0
+        for _ in range(1, steps):
+            cur = int(retrive_next_token[b, cur])
+            while cur != -1:
+                if int(candidates[b, cur]) == int(flat_target[last]):
+                    predicts[last] = flat_target[last]
+                    accepted += 1
+                    accept_index[b, accepted] = retrive_index[b, cur]
+                    last = int(retrive_index[b, cur])
+                    break
+                cur = int(retrive_next_sibling[b, cur])
+            if cur == -1:
+                break
+        accept_token_num[b] = accepted
+        predicts[last] = flat_target[last]
+
+
+def use_torch_verify(monkeypatch) -> None:
+    import sgl_kernel
+
+    import sglang.srt.speculative.eagle_utils as eagle_utils
+
+    monkeypatch.setattr(eagle_utils, "_is_cuda", True)
+    monkeypatch.setattr(sgl_kernel, "verify_tree_greedy", verify_tree_greedy, raising=False)
+
+
+def chain_verify_input(draft_tokens: torch.Tensor, seq_lens: torch.Tensor):
+    """The EagleVerifyInput a topk-1 draft builds: per request a chain root -> d1 -> ... -> dk.
+
+    Column 0 is the root (the last verified token); logits row b * D + j predict the token
+    after draft position j.
+    """
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    bs, num_draft = draft_tokens.shape
+    local = torch.arange(num_draft)
+    next_token = torch.where(local + 1 < num_draft, local + 1, -1).repeat(bs, 1)
+    return EagleVerifyInput(
+        draft_token=draft_tokens.reshape(-1).clone(),
+        custom_mask=None,
+        positions=(seq_lens.unsqueeze(1) + local).reshape(-1),
+        retrive_index=(torch.arange(bs).unsqueeze(1) * num_draft + local),
+        retrive_next_token=next_token,
+        retrive_next_sibling=torch.full((bs, num_draft), -1),
+        retrive_cum_len=None,
+        spec_steps=num_draft - 1,
+        topk=1,
+        draft_token_num=num_draft,
+        capture_hidden_mode=CaptureHiddenMode.FULL,
+        seq_lens_sum=int(seq_lens.sum()),
+        seq_lens_cpu=seq_lens.cpu(),
+    )
+
+
+def logits_favouring(rows: int, token: int, margin: float = 10.0, seed: int = 0) -> torch.Tensor:
+    """Random logits in [0, 1) with `token` ahead of every other by `margin`."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.rand(rows, VOCAB, generator=generator)
+    logits[:, token] += margin
+    return logits
