@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from verify_cpu import chain_verify_input, logits_favouring, use_torch_verify
 
 from sglang_cpu import make_req, prefilled_decode_batch
 from switch_helpers import NUM_DRAFT_TOKENS, v2_env
-from verify_cpu import chain_verify_input, logits_favouring, use_torch_verify
 
 FAVOURED = 5  # the raw logits' argmax everywhere
 BIASED = 77

@@ -9,9 +9,9 @@ ids and `completion_tokens`, and `finished_reason`.
 from __future__ import annotations
 
 import pytest
+from verify_cpu import word_tokenizer
 
 from sglang_cpu import make_server_args, write_tiny_llama_config
-from verify_cpu import word_tokenizer
 
 EOS = 2
 

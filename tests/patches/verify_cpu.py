@@ -15,10 +15,9 @@ from sglang_cpu import VOCAB
 
 
 def word_tokenizer(path: Path):
+    from sglang.srt.utils.hf_transformers_utils import get_tokenizer
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
-
-    from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
     vocab = {f"w{i}": i for i in range(VOCAB)}
     model = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
@@ -66,7 +65,6 @@ def verify_tree_greedy(
 
 def use_torch_verify(monkeypatch) -> None:
     import sgl_kernel
-
     import sglang.srt.speculative.eagle_utils as eagle_utils
 
     monkeypatch.setattr(eagle_utils, "_is_cuda", True)

@@ -1,0 +1,111 @@
+"""Speculation must not change what a request asks for (0010, 0011, 0012): logit_bias, stop strings
+and penalties on speculating servers, against a plain server, greedy, over a ramp that crosses the
+switch's thresholds both ways.
+
+Each request of the ramp asks for one kind. The reference is a plain server without the overlap
+scheduler: with it, SGLang's own plain decoding counts the penalties one token late, so only the
+non-overlap server decodes as penalties are defined (each step counts every output token so far).
+A speculating server must return the same ids, text and completion_tokens, except where the
+reference's top two tokens are a near-tie.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gpu_harness as H
+from gpu_harness import SUMMARY
+
+pytestmark = [pytest.mark.gpu, pytest.mark.switch]
+RAMP = [1, 5, 30, 70, 10, 1]
+PAIR = "trained"
+NEW_TOKENS = 48
+# Stops the trained target's code writes often: one-character, one-token and multi-token ones.
+STOPS = [["("], [")"], [":"], ["):"], ["self."], ["return"], ["\n    "], [", "], ["= "], ["()"]]
+
+
+def _logit_bias(k: int) -> dict[str, Any]:
+    # Forced (+100: the token wins everywhere), banned (-100) and nudged (+4: sometimes wins).
+    token = str(40 + k % 60)
+    return {"logit_bias": {token: (100.0, -100.0, 4.0)[k % 3]}}
+
+
+def _stop(k: int) -> dict[str, Any]:
+    return {"stop": STOPS[k % len(STOPS)]}
+
+
+def _penalty(k: int) -> dict[str, Any]:
+    return ({"frequency_penalty": 0.8}, {"presence_penalty": 0.8},
+            {"frequency_penalty": 0.4, "presence_penalty": 0.4})[k % 3]
+
+
+KINDS: dict[str, Callable[[int], dict[str, Any]]] = {"logit_bias": _logit_bias, "stop": _stop, "penalty": _penalty}
+
+
+@pytest.fixture(scope="session")
+def load(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
+    ctx = H.ramp_context(sgl_tree, log_dir, fixture_models)
+    groups = H.groups_for(ctx, PAIR)
+    greedy = {**H.GREEDY, "max_new_tokens": NEW_TOKENS}
+    kind_of, asks = {}, {}
+    for k, prompt in enumerate(p for g in groups for p in g):
+        kind = list(KINDS)[k % len(KINDS)]
+        kind_of[prompt] = kind
+        asks[prompt] = {"sampling_params": {**greedy, **KINDS[kind](k // len(KINDS))}}
+    return {**ctx, "groups": groups, "kind_of": kind_of, "asks": asks,
+            "models": H.models_for(PAIR, fixture_models)}
+
+
+def _serve(load: dict[str, Any], name: str, spec: Any, logprobs: bool = False) -> H.Run:
+    extra = H.REFERENCE_LOGPROBS if logprobs else None
+    return H.once(f"sampling-{name}", lambda: H.run_server(
+        f"sampling-{name}", spec, load["tree"], load["logs"], load["groups"], H.GREEDY, extra,
+        extra_by_prompt=load["asks"]))
+
+
+def reference(load: dict[str, Any]) -> H.Run:
+    flags = H.pair_flags(PAIR) + ["--disable-overlap-schedule"]
+    return _serve(load, "nospec", H.nospec_spec(load["models"], H.tp_size(), flags), logprobs=True)
+
+
+SERVERS = {
+    "spec-v1": lambda m: H.always_spec(m, "v1", H.tp_size(), H.pair_flags(PAIR)),
+    "spec-v2": lambda m: H.always_spec(m, "v2", H.tp_size(), H.pair_flags(PAIR)),
+    "switch-v1": lambda m: H.switch_spec(m, "v1", H.tp_size(), extra=H.pair_flags(PAIR)),
+    "switch-v2": lambda m: H.switch_spec(m, "v2", H.tp_size(), extra=H.pair_flags(PAIR)),
+}
+
+
+def _only(run: H.Run, prompts: set[str]) -> H.Run:
+    return H.Run(run.name, [r for r in run.results if r.prompt in prompts], run.log_text, run.log_path, run.metrics)
+
+
+def _count_mismatches(run: H.Run, ref: H.Run, prompts: set[str]) -> list[str]:
+    """Requests whose text or completion_tokens differ from the reference's (ids are compare's)."""
+    by_prompt = {r.prompt: r for r in ref.results}
+    return [f"{r.prompt[:40]!r}: {r.completion_tokens} tokens {r.text[-30:]!r}, reference "
+            f"{by_prompt[r.prompt].completion_tokens} {by_prompt[r.prompt].text[-30:]!r}"
+            for r in run.results if r.prompt in prompts and not r.error and not by_prompt[r.prompt].error
+            and (r.text, r.completion_tokens) != (by_prompt[r.prompt].text, by_prompt[r.prompt].completion_tokens)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("server", SERVERS)
+def test_outputs_equal_a_plain_servers(load: dict[str, Any], server: str, kind: str) -> None:
+    ref = reference(load)
+    assert not ref.errors, f"reference server failed: {ref.errors[0]}"
+    run = _serve(load, server, SERVERS[server](load["models"]))
+    assert not run.errors, f"{len(run.errors)} request(s) failed, first: {run.errors[0]}\nlog: {run.log_path}"
+    prompts = {p for p, k in load["kind_of"].items() if k == kind}
+    cmp = H.compare(_only(run, prompts), ref)
+    off = cmp.not_near_tie
+    unequal = _count_mismatches(run, ref, prompts)
+    SUMMARY.append(f"[sampling {server} {kind}] {cmp.line()}; text or completion_tokens differ in "
+                   f"{len(unequal)}; log {run.log_path}")
+    assert not off, f"{len(off)} {kind} request(s) diverge away from near-ties, first: {off[0]}"
+    tied = {d["prompt"] for d in cmp.divergences}
+    unequal = [u for u in unequal if not any(u.startswith(repr(p[:40])) for p in tied)]
+    assert not unequal, f"{len(unequal)} {kind} request(s) return other text or counts, first: {unequal[0]}"
