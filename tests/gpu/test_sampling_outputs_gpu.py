@@ -1,6 +1,6 @@
 """Speculation must not change what a request asks for (0010, 0011, 0012): logit_bias, stop strings
-and penalties on speculating servers, against a plain server, greedy, over a ramp that crosses the
-switch's thresholds both ways.
+and penalties on speculating servers, against a plain server, greedy, over the harness's ramp (it
+crosses the switch's thresholds both ways).
 
 Each request of the ramp asks for one kind. The reference is a plain server without the overlap
 scheduler: with it, SGLang's own plain decoding counts the penalties one token late, so only the
@@ -20,7 +20,6 @@ import gpu_harness as H
 from gpu_harness import SUMMARY
 
 pytestmark = [pytest.mark.gpu, pytest.mark.switch]
-RAMP = [1, 5, 30, 70, 10, 1]
 PAIR = "trained"
 NEW_TOKENS = 48
 # Stops the trained target's code writes often: one-character, one-token and multi-token ones.
