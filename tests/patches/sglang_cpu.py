@@ -166,12 +166,17 @@ def prefilled_decode_batch(
     *,
     overlap: bool = False,
     topk: int = 4,
+    carry_emitted: bool = False,
+    decode: bool = True,
 ):
     """A speculative decode batch as the scheduler holds it after prefill + draft extend.
 
     The prefill is SGLang's own: `Req.init_next_round_input` (fill ids, prefix match) as the
     scheduler's prefill adder calls it, then `prepare_for_extend` (KV slots, lengths); its sampled
     token is appended by the output processor and is the pending `verified_id` of the draft input.
+    carry_emitted: the v2 worker leaves the sampled tokens for the penalty counts (0013), from the
+    overlap scheduler's forward copy of the sampling info. decode=False: the batch as it is merged
+    into the running batch, before any decode preparation.
     """
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
@@ -204,7 +209,13 @@ def prefilled_decode_batch(
         # Spec v2 carries the lengths through the FutureMap.
         new_seq_lens=batch.seq_lens.clone() if overlap else None,
     )
-    batch.prepare_for_decode()
+    if carry_emitted:
+        from sglang.srt.speculative.spec_penalties_v2 import carry_emitted_tokens
+
+        first = torch.tensor(first_tokens, dtype=torch.int64).unsqueeze(1)
+        carry_emitted_tokens(batch.spec_info, first, batch.sampling_info.copy_for_forward())
+    if decode:
+        batch.prepare_for_decode()
     return batch
 
 
