@@ -109,7 +109,10 @@ def parser() -> argparse.ArgumentParser:
     _add_model_args(ap)
     _add_profile_args(ap)
     ap.add_argument("--out", type=Path, default=None, help="default build/bench/<timestamp>")
-    ap.add_argument("--tree", default=None, help="patched SGLang tree (default $SGLANG_TREE or build/sglang-v0.5.9)")
+    ap.add_argument("--ref", default=None,
+                    help="the release line to benchmark, as make's SGLANG_REF (default: the pinned one, v0.5.9)")
+    ap.add_argument("--tree", default=None,
+                    help="patched SGLang tree (default $SGLANG_TREE, else the tree of --ref's line)")
     return ap
 
 

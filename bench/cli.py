@@ -302,7 +302,7 @@ def run(argv: list[str]) -> int:
         named = parse_configs(args.configs) if args.configs else None
     except ValueError as e:
         raise BenchUsageError(str(e)) from None
-    tree = resolve_tree(args.tree)
+    tree = resolve_tree(args.tree, args.ref)
     cfgs = named or parse_configs(",".join(configs_for_tree(tree)))
     if args.repeat:
         try:

@@ -22,7 +22,6 @@ from typing import IO
 import requests
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_TREE = PROJECT_ROOT / "build" / "sglang-v0.5.9"
 PATCH_MARKER = "speculative_disable_batch_size"
 SM120_MARKER = "_is_sm120_supported"  # 0001 on the lines that run on a GPU (v0.5.9, v0.5.15)
 # Flags that avoid pieces missing from the offline GPU bundle (ci/gpu/build-bundle.sh);
@@ -44,10 +43,22 @@ def base_flags() -> list[str]:
     return shlex.split(os.environ.get("SGL_BASE_FLAGS", DEFAULT_BASE_FLAGS))
 
 
-def resolve_tree(tree: str | os.PathLike[str] | None = None) -> Path:
-    t = Path(tree or os.environ.get("SGLANG_TREE") or DEFAULT_TREE).resolve()
+def line_tree(ref: str | None) -> Path:
+    """The patched tree of the line a ref names, as `make apply SGLANG_REF=<ref>` builds it (the
+    toolkit decides: build/sglang-<ref>, the pinned ref when none is given)."""
+    from tools.apply import resolve_ref
+    from tools.project import Project
+
+    project = Project(PROJECT_ROOT).line_for(ref)
+    return project.tree_for(resolve_ref(project, ref))
+
+
+def resolve_tree(tree: str | os.PathLike[str] | None = None, ref: str | None = None) -> Path:
+    """--tree, else $SGLANG_TREE (an installed bundle), else the tree of the line --ref names."""
+    t = Path(tree or os.environ.get("SGLANG_TREE") or line_tree(ref)).resolve()
     if not (t / "python" / "sglang" / "__init__.py").is_file():
-        raise TreeError(f"no SGLang tree at {t} (needs python/sglang): run `make apply` or set SGLANG_TREE")
+        apply = f"make apply SGLANG_REF={ref}" if ref else "make apply"
+        raise TreeError(f"no SGLang tree at {t} (needs python/sglang): run `{apply}` or set SGLANG_TREE")
     return t
 
 
