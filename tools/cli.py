@@ -228,11 +228,23 @@ def error_label(e: ToolError) -> str:
     return f"error (exit {e.exit_code})"
 
 
+def check_refs(args: argparse.Namespace) -> None:
+    from tools.versions import check_ref_name
+
+    if args.ref:
+        check_ref_name(args.ref, "--ref")
+    if getattr(args, "to", None):
+        check_ref_name(args.to, "--to")
+    for ref in (getattr(args, "refs", None) or "").replace(",", " ").split():
+        check_ref_name(ref, "--refs entry")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    project = Project(Path(args.root).resolve() if args.root else default_root()).line_for(args.ref)
     try:
+        check_refs(args)
+        project = Project(Path(args.root).resolve() if args.root else default_root()).line_for(args.ref)
         return int(args.func(args, project))
     except ToolError as e:
         print(f"{error_label(e)}: {e}", file=sys.stderr)

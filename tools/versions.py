@@ -5,6 +5,8 @@ import re
 
 from packaging.version import InvalidVersion, Version
 
+from tools.errors import UsageError
+
 _RELEASE_RE = re.compile(r"^v?(\d+\.\d+\.\d+(?:\.post\d+)?)$")
 
 
@@ -27,3 +29,15 @@ def release_order(ref: str) -> tuple[bool, Version, str]:
     """A sort key: releases in version order, then other refs by name."""
     key = release_key(ref)
     return (key is None, key or Version("0"), ref)
+
+
+_REF_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+-]*")
+
+
+def check_ref_name(ref: str, what: str) -> str:
+    """A ref as the user typed it, refused before any git command or shell sees it unless it is one."""
+    bad = (not _REF_NAME.fullmatch(ref) or ".." in ref or "//" in ref or ref.endswith(("/", ".", ".lock"))
+           or "/." in ref)
+    if bad:
+        raise UsageError(f"{what} {ref!r} is not a git ref (letters, digits and . _ - / + only, e.g. v0.5.9)")
+    return ref

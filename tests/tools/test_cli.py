@@ -181,3 +181,15 @@ def test_make_exits_2_but_its_output_names_the_tools_code(env: Env) -> None:
     assert res.returncode == 2
     assert "error (exit 3: work would be lost): " in res.stderr
     assert (env.tree / "python/sglang/__init__.py").read_text() == "work in progress\n"
+
+
+@pytest.mark.parametrize("argv", [["--ref", "v1.0.0;touch {x}", "apply"], ["--ref", "$(touch {x})", "check"],
+                                  ["status", "--refs", "v1.0.0,../{x}"], ["rebase", "--to", "v2 {x}"],
+                                  ["--ref", "v1.lock", "apply"], ["--ref", "v1..v2", "apply"]])
+def test_a_ref_that_is_not_a_ref_is_refused_first(env: Env, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                  argv: list[str]) -> None:
+    marker = tmp_path / "x"
+    before = sorted(p.name for p in (env.root / "build").iterdir())
+    assert env.tool(*(a.format(x=marker) for a in argv)) == 2
+    assert "is not a git ref" in capsys.readouterr().err
+    assert not marker.exists() and sorted(p.name for p in (env.root / "build").iterdir()) == before
