@@ -245,6 +245,9 @@ def apply_series(
         head = build_commits(repo, base, patches, scratch)
         point_tree_at(repo, ref, base, head)
         if fresh:
+            if tree.exists():  # made meanwhile by something outside the toolkit's lock
+                raise UnsafeTreeError(f"{tree} appeared while the series was being applied; nothing was moved "
+                                      "into it: look at what made it, then run again")
             tree.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(repo.path), str(tree))
     return ApplyOutcome(tree, ref, base, head, entry, tuple(results), backup)

@@ -8,9 +8,14 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from tools.checkout_lock import hold
 from tools.errors import ToolError, UnsafeTreeError, UsageError
 from tools.progress import count_summary, say
 from tools.project import Project, default_root
+
+# Commands that write the checkout's build/ or .cache/ (trees, scratch repositories, archives).
+# `test` is not among them: the tool tests it runs call the toolkit on checkouts of their own.
+LOCKED = frozenset({"apply", "refresh", "check", "status", "install", "rebase"})
 
 TEMPLATE = """{subject}
 
@@ -245,7 +250,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_refs(args)
         project = Project(Path(args.root).resolve() if args.root else default_root()).line_for(args.ref)
-        return int(args.func(args, project))
+        if args.command not in LOCKED:
+            return int(args.func(args, project))
+        with hold(project, f"python -m tools {args.command}"):
+            return int(args.func(args, project))
+    except PermissionError as e:
+        where = e.filename or "a file of the checkout"
+        print(f"error (exit 1): cannot write {where}: permission denied. Run as a user who may write the "
+              "checkout's build/ and .cache/ (or make them writable), or use a checkout of your own.", file=sys.stderr)
+        return 1
     except ToolError as e:
         print(f"{error_label(e)}: {e}", file=sys.stderr)
         return e.exit_code

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import tarfile
 import tempfile
@@ -142,10 +143,12 @@ def download(url: str, dest: Path, sha256: str, pinned_in: str | None = None) ->
             "replaced, delete it and run again to download it afresh."
         )
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(dest.suffix + ".part")
+    # A name of its own: two downloads of one archive never write one file (the rename is atomic).
+    fd, tmp_name = tempfile.mkstemp(prefix=dest.name + ".", suffix=".part", dir=dest.parent)
+    tmp = Path(tmp_name)
     say(f"downloading {url}")
     try:
-        with urllib.request.urlopen(url, timeout=60) as r, tmp.open("wb") as out:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as r:
             total = int(r.headers.get("Content-Length") or 0)
             done, last = 0, -1
             while chunk := r.read(1 << 20):
