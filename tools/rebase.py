@@ -50,7 +50,19 @@ from tools.upstream import known_entry, materialise, pinned_ref, write_lock
 
 # -- main flow ------------------------------------------------------------------------------
 def rebase_tree(project: Project, new_ref: str) -> Path:
-    return project.build_dir / f"rebase-{new_ref}"
+    """Where the port is built; each line's ports apart, as two lines may be ported to one release."""
+    if project.line is None:
+        return project.build_dir / f"rebase-{new_ref}"
+    return project.build_dir / f"rebase-{project.line}-to-{new_ref}"
+
+
+def report_path_for(project: Project, new_ref: str, check: bool) -> Path:
+    """A report-only run is what docs/rebase/ keeps for each release (a line's under its name); a real
+    one stays with its build."""
+    if not check:
+        return rebase_tree(project, new_ref).with_name(rebase_tree(project, new_ref).name + ".md")
+    docs = project.root / "docs" / "rebase"
+    return (docs if project.line is None else docs / project.line) / f"{new_ref}.md"
 
 
 def _start(project: Project, new_ref: str, patches: list[SeriesPatch]) -> tuple[Git, State]:
@@ -174,9 +186,7 @@ def _finish(project: Project, repo: Git, state: State, outcomes: list[PatchOutco
 def run_rebase(project: Project, new_ref: str, *, check: bool = False, drop: bool = False, cont: bool = False,
                abort: bool = False, report: Path | None = None) -> int:
     """Port the series to ``new_ref`` (see the module docstring); the library entry point of ``rebase``."""
-    # A report-only run is what docs/rebase/ keeps for each release; a real one stays with its build.
-    report_path = report or (project.root / "docs" / "rebase" / f"{new_ref}.md" if check
-                             else project.build_dir / f"rebase-{new_ref}.md")
+    report_path = report or report_path_for(project, new_ref, check)
     path = rebase_tree(project, new_ref)
     if abort:
         if path.exists():
@@ -214,7 +224,10 @@ def run_rebase(project: Project, new_ref: str, *, check: bool = False, drop: boo
         raise ToolError(note)
     if check:
         conflicts = [o.name for o in outcomes if o.status in (RebaseStatus.CONFLICT, RebaseStatus.BLOCKED)]
-        return 1 if conflicts else 0
+        if conflicts:
+            raise ToolError(f"{len(conflicts)} patch(es) do not port to {new_ref} as they are: "
+                            f"{', '.join(conflicts)}; the report is {report_path}")
+        return 0
     print(_finish(project, repo, state, outcomes, drop))
     return 0
 

@@ -145,3 +145,15 @@ def test_a_report_on_the_default_line_while_the_new_line_exists(proj: Path, caps
     capsys.readouterr()
     assert tool(proj, "rebase", "--to", "v2.0.0", "--check") == 0
     assert (proj / "docs/rebase/v2.0.0.md").read_text().startswith("# Rebase report: v1.0.0 -> v2.0.0")
+
+
+def test_a_lines_report_stays_under_its_name(proj: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert tool(proj, "rebase", "--to", "v2.0.0", "--new-line") == 0
+    assert tool(proj, "rebase", "--to", "v3.0.0", "--check") == 0
+    default_report = (proj / "docs/rebase/v3.0.0.md").read_bytes()
+    # The line v2.0.0 ported to the same release: its report and its build beside the default line's.
+    assert tool(proj, "--ref", "v2.0.0", "rebase", "--to", "v3.0.0", "--check") == 0
+    assert (proj / "docs/rebase/v3.0.0.md").read_bytes() == default_report
+    assert (proj / "docs/rebase/v2.0.0/v3.0.0.md").read_text().startswith("# Rebase report: v2.0.0 -> v3.0.0")
+    assert "report written to" in capsys.readouterr().err
+    assert (proj / "build/rebase-v3.0.0").is_dir() and (proj / "build/rebase-v2.0.0-to-v3.0.0").is_dir()
