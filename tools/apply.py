@@ -15,7 +15,7 @@ from pathlib import Path
 from tools.errors import ApplyError, PatchParseError, SeriesError, UnsafeTreeError
 from tools.gitutil import Git
 from tools.hunkcheck import HunkStatus, PatchResult, TreeState, check_series
-from tools.patchfile import Patch, read_patch, requirement_problems
+from tools.patchfile import Patch, index_problems, read_patch, requirement_problems
 from tools.progress import Counter, say
 from tools.project import Project
 from tools.series import SeriesProblemKind, read_series, series_problems
@@ -78,6 +78,7 @@ def read_series_patches(project: Project, *, strict_unused: bool = False, header
             continue
         if headers:
             problems.extend(patch.header_problems())
+        problems.extend(index_problems(patch))
         out.append(SeriesPatch(path, patch))
     problems.extend(requirement_problems([sp.patch for sp in out], series.names))
     return LoadedSeries(tuple(out), tuple(problems))

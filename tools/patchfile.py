@@ -306,3 +306,15 @@ def read_patch(path: Path, name: str | None = None) -> Patch:
     except FileNotFoundError:
         raise PatchParseError(f"{name or path}: file not found") from None
     return parse_patch_text(data.decode("utf-8", "surrogateescape"), name or path.name)
+
+
+def index_problems(patch: Patch) -> list[str]:
+    """Files changed without full blob ids: those ids are how an edited hunk is told from the one
+    refresh wrote (hunkcheck's damaged-file check), so without them a hand edit would go unnoticed."""
+    return [
+        f"{patch.name}: {fp.path}: no full `index <old>..<new>` line; the series' format always has one "
+        "(git format-patch --full-index, as `make refresh` writes): re-export the patch from the tree with "
+        "`make refresh` instead of editing it by hand"
+        for fp in patch.files
+        if fp.hunks and not (fp.new_blob and len(fp.new_blob) in (40, 64))
+    ]

@@ -115,3 +115,15 @@ def test_crlf_mangled_patch(env: Env, capsys: pytest.CaptureFixture[str]) -> Non
     env.use("crlf-mangled.patch")
     assert env.tool("apply") == 1
     assert "CRLF (Windows) line endings throughout" in capsys.readouterr().err
+
+
+def test_a_patch_without_index_lines_is_refused(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    # exact.patch with its index line deleted and an added line edited by hand: without the blob ids
+    # nothing would tell the edit from what refresh wrote.
+    env.use("no-index-edited.patch")
+    head = git(env.tree, "rev-parse", "HEAD")
+    assert env.tool("apply") == 1
+    err = capsys.readouterr().err
+    assert ("no-index-edited.patch: python/sglang/srt/server_args.py: no full `index <old>..<new>` line" in err
+            and "make refresh" in err)
+    assert git(env.tree, "rev-parse", "HEAD") == head
