@@ -53,8 +53,15 @@ def resolve_ref(project: Project, ref: str | None) -> str:
 
 @dataclass(frozen=True)
 class LoadedSeries:
-    patches: tuple[SeriesPatch, ...]  # the ones that parse, in series order
+    patches: tuple[SeriesPatch, ...]  # those that can be checked: in series order, up to the first unreadable
     problems: tuple[str, ...]  # series, file and header problems, in the order found
+    unchecked: tuple[str, ...] = ()  # readable patches after an unreadable one
+
+    def unchecked_note(self) -> str | None:
+        if not self.unchecked:
+            return None
+        return (f"{len(self.unchecked)} later patch(es) not checked against the tree ({', '.join(self.unchecked)}): "
+                "they build on a patch that could not be read; fix that one first")
 
 
 def read_series_patches(project: Project, *, strict_unused: bool = False, headers: bool = False) -> LoadedSeries:
@@ -66,22 +73,34 @@ def read_series_patches(project: Project, *, strict_unused: bool = False, header
             say(f"warning: {p}")
         else:
             problems.append(str(p))
-    out = []
+    out: list[SeriesPatch] = []
+    unchecked: list[str] = []
+    seen: set[str] = set()
+    blocked = False  # an earlier patch is missing or unreadable
     for e in series.entries:
         path = project.patches_dir / e.name
-        if not path.is_file():
+        if e.name in seen:  # reported above; applying it twice would only add noise
             continue
+        seen.add(e.name)
         try:
-            patch = read_patch(path, e.name)
+            patch = read_patch(path, e.name) if path.is_file() else None
         except PatchParseError as err:
             problems.append(str(err))
-            continue
-        if headers:
+            patch = None
+        if headers and patch:
             problems.extend(patch.header_problems())
-        problems.extend(index_problems(patch))
+        if patch:
+            problems.extend(index_problems(patch))
+        # Past an unreadable patch, the tree every later hunk meets is unknown: a healthy patch would
+        # read as an offset or a conflict. Those are parsed, not checked against the tree.
+        if patch is None or blocked:
+            blocked = True
+            if patch is not None:
+                unchecked.append(e.name)
+            continue
         out.append(SeriesPatch(path, patch))
     problems.extend(requirement_problems([sp.patch for sp in out], series.names))
-    return LoadedSeries(tuple(out), tuple(problems))
+    return LoadedSeries(tuple(out), tuple(problems), tuple(unchecked))
 
 
 def load_patches(project: Project, *, strict_unused: bool = False) -> list[SeriesPatch]:
@@ -240,7 +259,7 @@ def apply_series(
         if problems:
             failed = failure_summary(results, ref, allow_offset)
             series = f"{len(loaded.problems)} series/file problem(s)" if loaded.problems else ""
-            summary = "; ".join(part for part in (series, failed) if part)
+            summary = "; ".join(part for part in (series, failed, loaded.unchecked_note()) if part)
             raise ApplyError("\n".join([*problems, summary])
                              + ("\nNo tree was created." if fresh else f"\n{tree} was not changed."))
         head = build_commits(repo, base, patches, scratch)

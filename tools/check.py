@@ -26,6 +26,8 @@ def run_check(project: Project, ref: str | None = None) -> list[str]:
     ref = resolve_ref(project, ref)
     loaded = read_series_patches(project, strict_unused=True, headers=True)
     problems = list(loaded.problems)
+    if loaded.unchecked_note():
+        problems.append(loaded.unchecked_note() or "")
     repo = scratch_repo(project)
     try:
         base, _ = materialise(project, repo, ref)

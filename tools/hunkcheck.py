@@ -9,7 +9,7 @@ every patch has been classified.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Callable, Iterable, TypeGuard
 
@@ -122,6 +122,11 @@ class TreeState:
     def __init__(self, reader: Callable[[str], str | None]) -> None:
         self._reader = reader
         self._files: dict[str, str | None] = {}
+        self.changed_by: dict[str, list[str]] = {}  # path -> the patches that changed it, in order
+
+    def original(self, path: str) -> str | None:
+        """The file as the base has it, before any patch."""
+        return self._reader(path)
 
     def get(self, path: str) -> str | None:
         if path not in self._files:
@@ -252,6 +257,16 @@ def _file_level_failure(patch: str, fp: FilePatch, note: str) -> HunkResult:
     return HunkResult(patch, fp.path, header, HunkStatus.FAILED, 0, note=note)
 
 
+def _blame_earlier(res: HunkResult, h: Hunk, state: TreeState, path: str) -> HunkResult:
+    """Name the earlier patches of the series that changed the file a hunk does not apply to."""
+    earlier = state.changed_by[path]
+    note = f"{', '.join(earlier)} {'changes' if len(earlier) == 1 else 'change'} {path} earlier in the series"
+    base = state.original(path)
+    if base is not None and classify_hunk(res.patch, res.path, split_lines(base), h, 0)[0].status is HunkStatus.EXACT:
+        note += "; the hunk applies exactly to the base's file, so it conflicts with that change"
+    return replace(res, note=f"{res.note}; {note}" if res.note else note)
+
+
 def check_file(patch: str, fp: FilePatch, state: TreeState) -> list[HunkResult]:
     if fp.is_binary:
         return [_file_level_failure(patch, fp, "binary patches are not supported; keep binaries out of the series")]
@@ -260,6 +275,7 @@ def check_file(patch: str, fp: FilePatch, state: TreeState) -> list[HunkResult]:
             return [_file_level_failure(patch, fp, f"the patch creates {fp.target}, which already exists")]
         created = "".join(ln for h in fp.hunks for ln in h.new_lines)
         state.set(fp.target or "", created)
+        state.changed_by.setdefault(fp.target or "", []).append(patch)
         damage = damaged_file(patch, fp, None, created)
         return [HunkResult(patch, fp.path, h.header, HunkStatus.EXACT, 1) for h in fp.hunks] + (
             [damage] if damage else []
@@ -275,6 +291,8 @@ def check_file(patch: str, fp: FilePatch, state: TreeState) -> list[HunkResult]:
     cursor = 0
     for h in fp.hunks:
         res, pos, old = classify_hunk(patch, fp.path, lines, h, cursor)
+        if res.status is not HunkStatus.EXACT and state.changed_by.get(fp.source):
+            res = _blame_earlier(res, h, state, fp.source)
         results.append(res)
         if pos is not None:
             edits.append((pos, len(old), h.new_lines))
@@ -292,6 +310,7 @@ def check_file(patch: str, fp: FilePatch, state: TreeState) -> list[HunkResult]:
         if fp.is_rename:
             state.set(fp.source, None)
         state.set(fp.target, new_text)
+        state.changed_by.setdefault(fp.target, []).append(patch)
         damage = damaged_file(patch, fp, text, new_text)
         if damage and all(r.status is HunkStatus.EXACT for r in results):
             results.append(damage)

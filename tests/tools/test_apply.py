@@ -127,3 +127,26 @@ def test_a_patch_without_index_lines_is_refused(env: Env, capsys: pytest.Capture
     assert ("no-index-edited.patch: python/sglang/srt/server_args.py: no full `index <old>..<new>` line" in err
             and "make refresh" in err)
     assert git(env.tree, "rev-parse", "HEAD") == head
+
+
+def test_a_duplicate_series_entry_is_one_problem(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    env.use("exact.patch", "no-newline.patch")
+    (env.root / "series").write_text("exact.patch\nno-newline.patch\nexact.patch\n")
+    assert env.tool("apply") == 1
+    err = capsys.readouterr().err
+    assert "series:3: exact.patch is listed twice (first on line 1); remove one" in err
+    assert "hunk" not in err.split("listed twice", 1)[1].split("\n", 1)[1]  # no second copy's hunks
+    assert err.count("\n") <= 6, err
+
+
+def test_a_hunk_in_the_way_of_an_earlier_patch_names_it(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    env.use("exact.patch")
+    # Written against upstream's file, as exact.patch is: both change x20.
+    rival = (DATA / "exact.patch").read_text().replace("+x20 = 2000", "+x20 = 21")
+    (env.root / "patches" / "rival.patch").write_text(rival)
+    (env.root / "series").write_text("exact.patch\nrival.patch\n")
+    assert env.tool("apply") == 1
+    err = capsys.readouterr().err
+    assert ("rival.patch: python/sglang/srt/server_args.py: hunk @@ -17,7 +17,7 @@ x16 = 16" in err
+            and "exact.patch changes python/sglang/srt/server_args.py earlier in the series; the hunk applies "
+                "exactly to the base's file, so it conflicts with that change" in err), err

@@ -66,13 +66,19 @@ def test_refresh_says_how_many_hunks_the_file_would_lose(env: Env, capsys: pytes
 
 def test_apply_reports_every_problem_in_one_run(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
     env.use("exact.patch", "crlf-mangled.patch", "broken.patch", "fuzz.patch")
-    (env.root / "series").write_text("ghost.patch\ncrlf-mangled.patch\nbroken.patch\nfuzz.patch\n")
+    (env.root / "series").write_text("fuzz.patch\nghost.patch\ncrlf-mangled.patch\nbroken.patch\nexact.patch\n")
     assert env.tool("apply") == 1
     err = capsys.readouterr().err
-    assert "series:1: ghost.patch has no file patches/ghost.patch" in err
+    assert "fuzz.patch: " in err and "fuzz" in err.split("fuzz.patch: ", 1)[1]
+    assert "series:2: ghost.patch has no file patches/ghost.patch" in err
     assert "crlf-mangled.patch: the file has CRLF (Windows) line endings" in err
     assert "broken.patch: " in err
-    assert "fuzz.patch: " in err and "fuzz" in err.split("fuzz.patch: ", 1)[1]
+    # exact.patch comes after patches that could not be read: the tree it meets is unknown, so it
+    # is named once instead of reading as an offset or a conflict.
+    assert "exact.patch: " not in err
+    assert err.strip().splitlines()[-2].endswith(
+        "1 later patch(es) not checked against the tree (exact.patch): they build on a patch that could not be "
+        "read; fix that one first")
 
 
 def test_a_diff_cut_mid_hunk_names_the_file_the_hunk_and_the_line() -> None:
