@@ -123,25 +123,49 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _suspects(sha256: str, pinned_in: str | None) -> str:
+    return (
+        f"; {pinned_in} (field sha256) pins {sha256}. If {pinned_in} was edited, restore it "
+        f"(`git checkout {pinned_in}`) or re-pin deliberately with `--relock`"
+        if pinned_in else f", expected {sha256} (the index's hash)"
+    )
+
+
+def _cached_mismatch(archive: Path, got: str, sha256: str, pinned_in: str | None) -> UpstreamError:
+    return UpstreamError(
+        f"cached archive {archive} has sha256 {got}{_suspects(sha256, pinned_in)}; if the archive is corrupt "
+        "or was replaced, delete it and run again to download it afresh."
+    )
+
+
+def cached_sha256(path: Path) -> str:
+    """sha256 of a cached archive, hashed again whenever its size or mtime changed."""
+    stat = path.stat()
+    stamp = path.with_name(path.name + ".sha256")
+    key = f"{stat.st_size} {stat.st_mtime_ns}"
+    try:
+        recorded_key, digest = stamp.read_text().split("\n")[:2]
+        if recorded_key == key:
+            return digest
+    except (OSError, ValueError):
+        pass
+    digest = sha256_file(path)
+    stamp.write_text(f"{key}\n{digest}\n")
+    return digest
+
+
 def download(url: str, dest: Path, sha256: str, pinned_in: str | None = None) -> Path:
     """Download to the cache (atomically), with progress, and verify the checksum.
 
     pinned_in: the lock file the checksum comes from (None: the index's own hash), so that a
     mismatch names both suspects."""
-    suspects = (
-        f"; {pinned_in} (field sha256) pins {sha256}. If {pinned_in} was edited, restore it "
-        f"(`git checkout {pinned_in}`) or re-pin deliberately with `--relock`"
-        if pinned_in else f", expected {sha256} (the index's hash)"
-    )
+    suspects = _suspects(sha256, pinned_in)
     if dest.exists():
-        got = sha256_file(dest)
+        got = cached_sha256(dest)
         if got == sha256:
             say(f"using cached {dest.name}")
             return dest
-        raise UpstreamError(
-            f"cached archive {dest} has sha256 {got}{suspects}; if the archive is corrupt or was "
-            "replaced, delete it and run again to download it afresh."
-        )
+        raise _cached_mismatch(dest, got, sha256, pinned_in)
     dest.parent.mkdir(parents=True, exist_ok=True)
     # A name of its own: two downloads of one archive never write one file (the rename is atomic).
     fd, tmp_name = tempfile.mkstemp(prefix=dest.name + ".", suffix=".part", dir=dest.parent)
@@ -275,8 +299,23 @@ def _check_lock(entry: LockEntry, repo: Git, lock_name: str) -> None:
         )
 
 
+def _archive_path(project: Project, entry: LockEntry) -> Path:
+    return project.cache_dir / "archives" / entry.url.rsplit("/", 1)[-1].split("#")[0]
+
+
+def _check_cached_archive(project: Project, entry: LockEntry, lock_name: str) -> None:
+    """The cached archive still is what the lock pins, though its base commit was built already."""
+    archive = _archive_path(project, entry)
+    if not entry.sha256 or not archive.is_file():
+        return
+    got = cached_sha256(archive)
+    if got != entry.sha256:
+        raise _cached_mismatch(archive, got, entry.sha256, lock_name)
+
+
 def _from_locked(project: Project, repo: Git, entry: LockEntry, lock_name: str = "sglang.lock") -> str:
     _check_lock(entry, repo, lock_name)
+    _check_cached_archive(project, entry, lock_name)
     if entry.source == "git":
         if entry.commit and repo.rev(entry.commit):
             return entry.commit
@@ -289,7 +328,7 @@ def _from_locked(project: Project, repo: Git, entry: LockEntry, lock_name: str =
                 continue
             if commit != entry.commit:
                 raise UpstreamError(
-                    f"{url} has {entry.ref} at {commit}, but sglang.lock pins {entry.commit}: the tag moved "
+                    f"{url} has {entry.ref} at {commit}, but {lock_name} pins {entry.commit}: the tag moved "
                     "or this is another repository. Check it; to re-pin deliberately use --relock."
                 )
             return commit
@@ -300,7 +339,7 @@ def _from_locked(project: Project, repo: Git, entry: LockEntry, lock_name: str =
     base, got = _import_archive(project, repo, entry.ref, dist, pinned_in=lock_name)
     if entry.base_commit and base != entry.base_commit:
         raise UpstreamError(
-            f"importing {dist.filename} gave base commit {base}, but sglang.lock records "
+            f"importing {dist.filename} gave base commit {base}, but {lock_name} records "
             f"{entry.base_commit}; the archive layout or the tool's import recipe changed. "
             "Re-pin deliberately with --relock and review the diff."
         )
@@ -312,10 +351,11 @@ def materialise(project: Project, repo: Git, ref: str, *, relock: bool = False) 
     project.cache_dir.mkdir(parents=True, exist_ok=True)
     entry = None if relock else known_entry(project, ref)
     if entry is not None:
-        if env_repo() and entry.source != "git":
-            say(f"note: sglang.lock pins {entry.describe()}; SGLANG_REPO is not used (--relock to re-pin)")
         path = lock_path_for(project, ref)
-        lock_name = path.name if path == project.lock_path else str(path)
+        # As the user would name it in `git checkout <file>`: relative to the checkout.
+        lock_name = str(path.relative_to(project.root)) if path.is_relative_to(project.root) else str(path)
+        if env_repo() and entry.source != "git":
+            say(f"note: {lock_name} pins {entry.describe()}; SGLANG_REPO is not used (--relock to re-pin)")
         return _from_locked(project, repo, entry, lock_name), entry
     tried: list[str] = []
     for label, url in (("SGLANG_REPO", env_repo()), ("upstream remote", env_remote())):

@@ -233,3 +233,26 @@ def test_the_users_pip_index_is_used(proj: Path, index: FakeIndex, tmp_path: Pat
     monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
     assert tool(proj, "--ref", "v1.0.0", "apply") == 0
     assert json.loads((proj / "sglang.lock").read_text())["url"].startswith(index.url)
+
+
+def test_a_replaced_archive_is_caught_with_the_tree_present(proj: Path, index: FakeIndex,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert tool(proj, "--ref", "v1.0.0", "apply") == 0
+    assert tool(proj, "apply") == 0  # the tree and its base commit are there: nothing is downloaded again
+    cached = proj / ".cache/sglang/archives/sglang-1.0.0.tar.gz"
+    cached.write_bytes(cached.read_bytes()[:100])
+    assert tool(proj, "apply") == 1
+    err = capsys.readouterr().err
+    assert f"cached archive {cached} has sha256" in err and "pins" in err and "delete it and run again" in err
+
+
+def test_a_lines_lock_is_named_by_its_path(proj: Path, index: FakeIndex, capsys: pytest.CaptureFixture[str]) -> None:
+    line = proj / "lines" / "v1.0.0"
+    (line / "patches").mkdir(parents=True)
+    (line / "series").write_text("")
+    assert tool(proj, "--ref", "v1.0.0", "apply") == 0
+    lock = json.loads((line / "sglang.lock").read_text())
+    (line / "sglang.lock").write_text(json.dumps({**lock, "sha256": WRONG_SHA}, indent=2) + "\n")
+    assert tool(proj, "--ref", "v1.0.0", "apply") == 1
+    err = capsys.readouterr().err
+    assert "restore it (`git checkout lines/v1.0.0/sglang.lock`)" in err, err

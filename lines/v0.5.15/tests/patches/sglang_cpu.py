@@ -328,3 +328,267 @@ def init_single_rank_groups() -> None:
         world_size=1, rank=0, local_rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo"
     )
     parallel_state.initialize_model_parallel(backend="gloo")
+
+
+# ---- the v2 worker's steps under the overlap scheduler's bookkeeping -----------------------
+
+
+def word_tokenizer(path: Path):
+    """A real transformers fast tokenizer through SGLang's get_tokenizer: token i is the word `w<i>`,
+    EOS is `w2` (id 2), so a test writes stop strings as words and knows their token ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+    vocab = {f"w{i}": i for i in range(VOCAB)}
+    model = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    model.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=model, eos_token="w2").save_pretrained(path)
+    return get_tokenizer(str(path))
+
+
+def verify_tree_greedy(
+    predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+    retrive_next_sibling, target_predict,
+):  # fmt: skip
+    # sgl_kernel's greedy tree walk: from the root, follow the child (then its siblings) whose
+    # draft token equals the target's prediction at the last accepted node; write the target's
+    # prediction at every accepted node and the bonus at the last one.
+    flat_target = target_predict.reshape(-1)
+    bs, steps = candidates.shape[0], accept_index.shape[1]
+    for b in range(bs):
+        last = int(retrive_index[b, 0])
+        accept_index[b, 0] = last
+        accepted, cur = 0, 0
+        for _ in range(1, steps):
+            cur = int(retrive_next_token[b, cur])
+            while cur != -1:
+                if int(candidates[b, cur]) == int(flat_target[last]):
+                    predicts[last] = flat_target[last]
+                    accepted += 1
+                    accept_index[b, accepted] = retrive_index[b, cur]
+                    last = int(retrive_index[b, cur])
+                    break
+                cur = int(retrive_next_sibling[b, cur])
+            if cur == -1:
+                break
+        accept_token_num[b] = accepted
+        predicts[last] = flat_target[last]
+
+
+def _fill_bonus_tokens(accept_tokens, accept_lens, bonus_tokens, accept_stride):
+    # Program i stores accept_tokens[i * stride + accept_lens[i] - 1], the last accepted token.
+    flat = accept_tokens.reshape(-1)
+    for i in range(accept_lens.numel()):
+        bonus_tokens[i] = flat[accept_stride * i + int(accept_lens[i]) - 1]
+
+
+def use_torch_verify(monkeypatch) -> None:
+    """The greedy verify's native kernel (sgl_kernel.verify_tree_greedy, reached on CUDA only) and
+    the worker's fill_bonus_tokens triton kernel, as the torch references above."""
+    import sgl_kernel
+
+    import sglang.srt.speculative.eagle_utils as eagle_utils
+    import sglang.srt.speculative.eagle_worker_v2 as eagle_worker_v2
+
+    monkeypatch.setattr(eagle_utils, "_is_cuda", True)
+    monkeypatch.setattr(sgl_kernel, "verify_tree_greedy", verify_tree_greedy, raising=False)
+    monkeypatch.setattr(eagle_worker_v2, "fill_bonus_tokens", Launcher(_fill_bonus_tokens))
+
+
+def verify_input(draft_tokens: torch.Tensor, seq_lens: torch.Tensor, next_token=None, next_sibling=None, topk: int = 1):
+    """The EagleVerifyInput a draft builds: per request the tree rooted at column 0 of draft_tokens
+    [bs, D] (the pending token); next_token/next_sibling [D] give its shape, by default a chain."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    bs, num_draft = draft_tokens.shape
+    local = torch.arange(num_draft)
+    if next_token is None:
+        next_token = torch.where(local + 1 < num_draft, local + 1, -1).tolist()
+        next_sibling = [-1] * num_draft
+    depth = 0
+    node = 0
+    while next_token[node] != -1:  # the first-child chain is the tree's depth
+        node, depth = next_token[node], depth + 1
+    return EagleVerifyInput(
+        draft_token=draft_tokens.reshape(-1).clone(),
+        custom_mask=torch.ones(int(seq_lens.sum()) * num_draft + bs * num_draft * num_draft, dtype=torch.bool),
+        positions=(seq_lens.unsqueeze(1) + local).reshape(-1), retrieve_index=torch.arange(bs).unsqueeze(1) * num_draft + local,
+        retrieve_next_token=torch.tensor([next_token] * bs), retrieve_next_sibling=torch.tensor([next_sibling] * bs),
+        retrieve_cum_len=None, spec_steps=depth, topk=topk, draft_token_num=num_draft,
+        capture_hidden_mode=CaptureHiddenMode.FULL, seq_lens_sum=int(seq_lens.sum()), seq_lens_cpu=seq_lens.cpu(),
+    )  # fmt: skip
+
+
+class StandInTarget:
+    """The target worker, stood in for: it builds the ForwardBatch as the real worker does
+    (ForwardBatch.init_new, SGLang's own) and returns the logits `logits_fn(forward_batch)`; where
+    the real worker samples (prefill, plain decode), it runs ModelRunner's own logits
+    preprocessing (the penalties) and takes the greedy pick. `seen` keeps each call's forward
+    batch, raw logits and the logits tensor it returned (which the verify penalises in place)."""
+
+    def __init__(self, pools: Pools, server_args: ServerArgs, logits_fn):
+        from sglang.srt.model_executor import model_runner as model_runner_module
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        runner = model_runner_for_forward_batch(pools, server_args)
+        # What ModelRunner.__init__ sets that the worker's paths read: the model's linear-attention
+        # layout (from its config), pools, no graphs, the attention backend's verify buffers.
+        runner.is_draft_worker = False
+        runner._linear_attn_registry_cache = model_runner_module._UNSET
+        runner.req_to_token_pool, runner.token_to_kv_pool = pools.req_to_token_pool, pools.kv_pool
+        runner.decode_cuda_graph_runner = None
+        runner.spec_algorithm = SpeculativeAlgorithm.EAGLE3
+        runner.war_fastpath_read_done_event = None
+        runner.attn_backend = type("Backend", (), {"get_verify_buffers_to_fill_after_draft": lambda self: (None, None)})()
+        self.model_runner, self.logits_fn, self.seen = runner, logits_fn, []
+
+    def forward_batch_generation(self, batch=None, forward_batch=None, is_verify=False):
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+        from sglang.srt.managers.utils import GenerationBatchResult
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+        if forward_batch is None:
+            forward_batch = ForwardBatch.init_new(batch, self.model_runner)
+        logits = self.logits_fn(forward_batch)
+        self.seen.append((forward_batch, logits.clone(), logits))
+        # EAGLE-3 captures three target layers: the draft extend reads [rows, 3 * hidden].
+        output = LogitsProcessorOutput(next_token_logits=logits, hidden_states=torch.ones(logits.shape[0], 3 * HIDDEN))
+        result = GenerationBatchResult(logits_output=output, can_run_cuda_graph=False)
+        if not is_verify:
+            self.model_runner._preprocess_logits(output, forward_batch.sampling_info)
+            result.next_token_ids = logits.argmax(-1)
+        return result
+
+
+class StandInDraft:
+    """The draft worker, stood in for: `draft` returns the verify input the test chose, the draft
+    extends fill the next draft input with the shapes and dtypes the FutureMap relays."""
+
+    def __init__(self):
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        model_config = type("ModelConfig", (), {"spec_hidden_size": HIDDEN, "dtype": torch.float32})()
+        self.draft_runner = type("Runner", (), {"tp_group": None, "spec_algorithm": SpeculativeAlgorithm.EAGLE3,
+                                                "war_fastpath_read_done_event": None, "model_config": model_config})()  # fmt: skip
+        self.next_verify_input = None
+
+    def draft_tp_context(self, _group):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def draft(self, batch):
+        return self.next_verify_input(batch)
+
+    def _draft_extend_for_prefill(self, batch, hidden_states, next_token_ids, mm_input_embeds=None):
+        from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+        bs = len(batch.reqs)
+        return EagleDraftInput(
+            topk_p=torch.full((bs, TOPK), 1.0 / TOPK), topk_index=torch.arange(TOPK).repeat(bs, 1) + 10,
+            hidden_states=torch.randn(bs, HIDDEN), bonus_tokens=next_token_ids,
+            num_tokens_per_req=1, num_tokens_for_logprob_per_req=1,
+        )  # fmt: skip
+
+    def _draft_extend_for_decode(self, batch, batch_result):
+        draft_input, bs = batch_result.next_draft_input, batch.seq_lens.shape[0]
+        draft_input.topk_p, draft_input.topk_index = torch.ones(bs, TOPK), torch.zeros(bs, TOPK, dtype=torch.int64) + 10
+        draft_input.hidden_states = torch.randn(bs, HIDDEN)
+
+
+def spec_worker(target: StandInTarget, draft: StandInDraft, pools: Pools, num_steps: int = 3):
+    """SGLang's EAGLEWorkerV2 (object.__new__) around the stand-ins, no adaptive controller."""
+    import contextlib
+
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    worker = object.__new__(EAGLEWorkerV2)
+    worker._target_worker, worker._draft_worker = target, draft
+    worker.adaptive_controller, worker.topk, worker.device = None, TOPK, "cpu"
+    worker.speculative_num_steps, worker.speculative_num_draft_tokens = num_steps, num_steps + 1
+    worker.plan_stream, worker.plan_stream_ctx = None, contextlib.nullcontext()
+    worker.req_to_token_pool, worker.token_to_kv_pool_allocator = pools.req_to_token_pool, pools.allocator
+    worker.speculative_algorithm = target.model_runner.spec_algorithm
+    return worker
+
+
+class OverlapScheduler:
+    """What 0.5.15's overlap scheduler does around the worker, in its order, for one rank:
+    run_batch (FutureMap resolution, the forward-only sampling-info copy of _forward_isolation,
+    the publish/stash relay, the next draft input onto the batch), the decode preparation of
+    get_next_batch_to_run, and the output processing of the previous batch, which the overlap
+    loop runs only after launching the next one."""
+
+    def __init__(self, pools: Pools, worker):
+        self.pools, self.worker, self.pending = pools, worker, []
+
+    def prefill(self, reqs: Sequence[Req]) -> ScheduleBatch:
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        for req in reqs:
+            req.init_next_round_input(self.pools.tree_cache)
+            req.set_extend_range(len(req.prefix_indices), len(req.full_untruncated_fill_ids))
+        batch = ScheduleBatch.init_new(
+            list(reqs), self.pools.req_to_token_pool, self.pools.allocator, self.pools.tree_cache,
+            self.pools.model_config, enable_overlap=True, spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+        )  # fmt: skip
+        batch.prepare_for_extend()
+        self.run(batch)
+        return batch
+
+    def prepare_decode(self, batch: ScheduleBatch) -> None:
+        if not batch.check_decode_mem():
+            raise AssertionError("the KV pool cannot hold the decode reservation; raise max_tokens")
+        batch.prepare_for_decode()
+
+    def run(self, batch: ScheduleBatch):
+        from functools import partial
+
+        from sglang.srt.managers.overlap_utils import RelayPayload, resolve_forward_inputs
+        from sglang.srt.managers.scheduler import Scheduler
+
+        fm = self.pools.future_map
+        fm.resolve_seq_lens_cpu(batch)
+        if batch.forward_mode.is_extend():
+            resolve_forward_inputs(batch, fm)
+        else:
+            # FutureMap._resolve_spec_extras, whose `indices.record_stream` has no CPU stream: the
+            # same row gather from the same buffers.
+            draft, fi = batch.spec_info, batch.spec_info.future_indices
+            draft.topk_p, draft.topk_index = fm.topk_p_buf[fi], fm.topk_index_buf[fi]
+            draft.bonus_tokens, draft.hidden_states = fm.output_tokens_buf[fi], fm.hidden_states_buf[fi]
+        future_indices = batch.req_pool_indices
+        # Scheduler._forward_isolation itself; overlap=False only skips its 2-iteration pinning.
+        with Scheduler._forward_isolation(None, batch, overlap=False):
+            result = self.worker.forward_batch_generation(batch, on_publish=partial(fm.publish, future_indices))
+        fm.stash(future_indices, RelayPayload.from_draft_input(result.next_draft_input))
+        batch.input_ids = None
+        batch.spec_info = result.next_draft_input
+        batch.spec_info.future_indices = future_indices
+        self.pending.append((batch.copy(), result))
+        return result
+
+    def process(self) -> None:
+        """The oldest launched batch's output processing: the tokens onto its requests."""
+        from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+        from sglang.srt.mem_cache.common import maybe_cache_unfinished_req
+
+        batch, result = self.pending.pop(0)
+        if batch.forward_mode.is_extend():
+            for req, token in zip(batch.reqs, result.next_token_ids.tolist(), strict=True):
+                req.output_ids.append(token)
+                req.update_finish_state()
+                if not req.finished():
+                    maybe_cache_unfinished_req(req, self.pools.tree_cache)
+            return
+        processor = type("Processor", (), {"model_worker": self.worker})()
+        tokens = SchedulerBatchResultProcessor._resolve_spec_v2_tokens(processor, result, batch)
+        for req, accepted in zip(batch.reqs, tokens, strict=True):
+            if req.finished():
+                continue
+            req.output_ids.extend(accepted)
+            req.update_finish_state(len(accepted))
