@@ -7,7 +7,7 @@
 #     (its SGLang release imports another transformers) and sees the rest in .venv through a .pth
 #     file: torch with its CUDA libraries takes about 6 GB, and once is enough.
 #   BOOTSTRAP_PYTHON: the Python that creates .venv (default: the first of python3.11, python3.12,
-#                     python3.13, python3 on PATH; 3.11 or newer)
+#                     python3.13, python3 on PATH that is 3.11.4 or newer)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=.venv
@@ -58,19 +58,29 @@ fi
 
 want=$(sha256sum "$req" | cut -d' ' -f1)
 current "$venv" "$want" && exit 0
+# 3.11.4: SGLang's archives are unpacked with tarfile's extraction filters, new in 3.11.4 (Debian 12's
+# python3.11 is 3.11.2).
+new_enough() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11, 4))' 2>/dev/null; }
 if [ ! -x "$venv/bin/python" ]; then
   py=${BOOTSTRAP_PYTHON:-}
+  tried=""
   if [ -z "$py" ]; then
     for c in python3.11 python3.12 python3.13 python3; do
-      if command -v "$c" >/dev/null; then py=$c; break; fi
+      command -v "$c" >/dev/null || continue
+      if new_enough "$c"; then py=$c; break; fi
+      tried="$tried $c ($("$c" -V 2>&1))"
     done
+    if [ -z "$py" ] && [ -n "$tried" ]; then
+      echo "setup: no Python 3.11.4 or newer on PATH (found:$tried); install one or set BOOTSTRAP_PYTHON" >&2
+      exit 2
+    fi
   fi
   if [ -z "$py" ] || ! command -v "$py" >/dev/null; then
-    echo "setup: no Python found (${py:-none of python3.11/3.12/3.13/python3 on PATH}); install Python 3.11+ or set BOOTSTRAP_PYTHON" >&2
+    echo "setup: no Python found (${py:-none of python3.11/3.12/3.13/python3 on PATH}); install Python 3.11.4+ or set BOOTSTRAP_PYTHON" >&2
     exit 2
   fi
-  if ! "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
-    echo "setup: $py is $("$py" -V 2>&1), the toolkit needs Python 3.11 or newer: set BOOTSTRAP_PYTHON" >&2
+  if ! new_enough "$py"; then
+    echo "setup: $py is $("$py" -V 2>&1), the toolkit needs Python 3.11.4 or newer: set BOOTSTRAP_PYTHON" >&2
     exit 2
   fi
   echo "[setup] creating $venv with $py ($("$py" -V 2>&1))"

@@ -26,7 +26,7 @@ def test_no_python_is_a_clear_error(tmp_path: Path) -> None:
     root = _project(tmp_path)
     res = _run(root, BOOTSTRAP_PYTHON="/nonexistent/python3.11")
     assert res.returncode == 2
-    assert "setup: no Python found (/nonexistent/python3.11); install Python 3.11+ or set BOOTSTRAP_PYTHON" in res.stderr
+    assert "setup: no Python found (/nonexistent/python3.11); install Python 3.11.4+ or set BOOTSTRAP_PYTHON" in res.stderr
     assert not (root / ".venv").exists()
 
 
@@ -36,7 +36,30 @@ def test_an_old_python_is_refused(tmp_path: Path) -> None:
     old.write_text("#!/bin/sh\n[ \"$1\" = -V ] && { echo 'Python 3.9.2'; exit 0; }\nexit 1\n")
     old.chmod(0o755)
     res = _run(root, BOOTSTRAP_PYTHON=str(old))
-    assert res.returncode == 2 and "is Python 3.9.2, the toolkit needs Python 3.11 or newer" in res.stderr
+    assert res.returncode == 2 and "is Python 3.9.2, the toolkit needs Python 3.11.4 or newer" in res.stderr
+
+
+def _fake_python(path: Path, version: tuple[int, int, int]) -> None:
+    """A python that answers -V and the version check the way that release would."""
+    text = ".".join(map(str, version))
+    path.write_text(f"#!/bin/sh\n[ \"$1\" = -V ] && {{ echo 'Python {text}'; exit 0; }}\n"
+                    f"exec {sys.executable} -c 'import sys; sys.exit({version} < (3, 11, 4))'\n")
+    path.chmod(0o755)
+
+
+def test_a_python_311_before_3114_is_passed_over(tmp_path: Path) -> None:
+    root = _project(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake_python(bin_dir / "python3.11", (3, 11, 2))  # Debian 12's: tarfile has no extraction filters
+    _fake_python(bin_dir / "python3", (3, 11, 2))
+    res = subprocess.run(["bash", "ci/bootstrap-venv.sh"], cwd=root, capture_output=True, text=True,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert res.returncode == 2
+    assert "no Python 3.11.4 or newer on PATH (found: python3.11 (Python 3.11.2) python3 (Python 3.11.2))" in res.stderr
+    res = _run(root, BOOTSTRAP_PYTHON=str(bin_dir / "python3.11"))
+    assert res.returncode == 2 and "is Python 3.11.2, the toolkit needs Python 3.11.4 or newer" in res.stderr
+    assert not (root / ".venv").exists()
 
 
 def test_pip_runs_only_when_the_requirements_changed(tmp_path: Path) -> None:
