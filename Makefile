@@ -109,4 +109,4 @@ new: ## a commit message template for a new patch: make new SUBJECT='area: what 
 	$(TOOL) new $(call quote,$(SUBJECT))
 
 bundle: check ## offline bundle (.gpu) of a line's patched tree for a GPU machine without network, stamped with its series
-	bash ci/gpu/make-bundle.sh '$(SGLANG_REF)' $(if $(TREE),$(call quote,$(TREE)))
+	bash ci/gpu/make-bundle.sh '$(SGLANG_REF)' "$$($(TOOL) tree)"

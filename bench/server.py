@@ -44,8 +44,7 @@ def base_flags() -> list[str]:
 
 
 def line_tree(ref: str | None) -> Path:
-    """The patched tree of the line a ref names, as `make apply SGLANG_REF=<ref>` builds it (the
-    toolkit decides: build/sglang-<ref>, the pinned ref when none is given)."""
+    """The patched tree of the line a ref names: the toolkit decides (`python -m tools tree`)."""
     from tools.apply import resolve_ref
     from tools.project import Project
 

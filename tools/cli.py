@@ -53,6 +53,12 @@ def cmd_apply(args: argparse.Namespace, project: Project) -> int:
     return 0
 
 
+def cmd_tree(args: argparse.Namespace, project: Project) -> int:
+    """The tree a line's commands work on: what make, the benchmark and the GPU scripts all use."""
+    print(_tree(args, project))
+    return 0
+
+
 def cmd_refresh(args: argparse.Namespace, project: Project) -> int:
     from tools.export import export_tree
 
@@ -207,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_status)
 
     sub.add_parser("install", help="pip install --no-deps -e <tree>/python").set_defaults(func=cmd_install)
+    sub.add_parser("tree", help="print the patched tree of the line --ref names").set_defaults(func=cmd_tree)
 
     t = sub.add_parser("test", help="tool tests, then each patch's Tests on the series up to it")
     t.add_argument("--patches-only", action="store_true", help="skip the tool's own tests")

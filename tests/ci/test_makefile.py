@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,12 @@ def test_help_names_every_target_and_variable() -> None:
     names = user_vars.group(1).replace("\\", " ").split()
     missing = [n for n in names if n not in help_text]
     assert not missing, f"make help does not mention {missing}"
+
+
+def test_one_place_decides_a_lines_tree() -> None:
+    from bench.server import line_tree
+
+    told = subprocess.run([sys.executable, "-m", "tools", "--ref", "v0.5.15", "tree"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert Path(told) == ROOT / "build" / "sglang-v0.5.15" == line_tree("v0.5.15")
+    assert "make-bundle.sh 'v0.5.15' \"$(" in make("-n", "bundle", "SGLANG_REF=v0.5.15", "PYTHON=python3").stdout
