@@ -1,6 +1,8 @@
-"""Speculation must not change what a request asks for (0010, 0011, 0012): logit_bias, stop strings
-and penalties on speculating servers, against a plain server, greedy, over the harness's ramp (it
-crosses the switch's thresholds both ways).
+"""Speculation must not change what a request asks for (0010-0013; on the v0.5.15 line its penalty
+patch): logit_bias, stop strings and penalties on speculating servers, against a plain server,
+greedy, over the harness's ramp (it crosses the switch's thresholds both ways). Each line runs the
+servers its SGLang has: the v0.5.9 line both workers and switches, v0.5.15 the v2 worker and
+upstream's adaptive mode.
 
 Each request of the ramp asks for one kind. The reference is a plain server without the overlap
 scheduler: with it, SGLang's own plain decoding counts the penalties one token late, so only the
@@ -10,17 +12,22 @@ reference's top two tokens are a near-tie.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench.configs import ZERO_STEP_PLAIN_DECODE, write_off_above_tiers
+from bench.server import missing_environ, missing_server_args, tree_has_switch
+
 import gpu_harness as H
 from gpu_harness import SUMMARY
 
 pytestmark = [pytest.mark.gpu, pytest.mark.switch]
 PAIR = "trained"
+STEPS = 3  # the v2 worker's --speculative-num-steps in the harness
 NEW_TOKENS = 48
 # Stops the trained target's code writes often: one-character, one-token and multi-token ones.
 STOPS = [["("], [")"], [":"], ["):"], ["self."], ["return"], ["\n    "], [", "], ["= "], ["()"]]
@@ -70,12 +77,37 @@ def reference(load: dict[str, Any]) -> H.Run:
     return _serve(load, "nospec", H.nospec_spec(load["models"], H.tp_size(), flags), logprobs=True)
 
 
-SERVERS = {
-    "spec-v1": lambda m: H.always_spec(m, "v1", H.tp_size(), H.pair_flags(PAIR)),
-    "spec-v2": lambda m: H.always_spec(m, "v2", H.tp_size(), H.pair_flags(PAIR)),
-    "switch-v1": lambda m: H.switch_spec(m, "v1", H.tp_size(), extra=H.pair_flags(PAIR)),
-    "switch-v2": lambda m: H.switch_spec(m, "v2", H.tp_size(), extra=H.pair_flags(PAIR)),
+def _adaptive(load: dict[str, Any], plain_decode: bool) -> Any:
+    """Upstream's --speculative-adaptive (the v0.5.15 line) with the tier file `make bench` writes:
+    3 steps up to the switch's threshold, 0 above; plain_decode: 0002's steps=0 plain decodes."""
+    name = "adaptive-plain-v2" if plain_decode else "adaptive-v2"
+    tiers = write_off_above_tiers(load["logs"] / f"sampling-{name}-tiers.json", H.DISABLE, STEPS)
+    spec = H.always_spec(load["models"], "v2", H.tp_size(), extra=[
+        "--speculative-adaptive", "--speculative-adaptive-config", str(tiers), *H.pair_flags(PAIR)])
+    return dataclasses.replace(spec, env={**spec.env, ZERO_STEP_PLAIN_DECODE: "1"}) if plain_decode else spec
+
+
+SERVERS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "spec-v1": lambda load: H.always_spec(load["models"], "v1", H.tp_size(), H.pair_flags(PAIR)),
+    "spec-v2": lambda load: H.always_spec(load["models"], "v2", H.tp_size(), H.pair_flags(PAIR)),
+    "switch-v1": lambda load: H.switch_spec(load["models"], "v1", H.tp_size(), extra=H.pair_flags(PAIR)),
+    "switch-v2": lambda load: H.switch_spec(load["models"], "v2", H.tp_size(), extra=H.pair_flags(PAIR)),
+    "adaptive-plain-v2": lambda load: _adaptive(load, plain_decode=True),
+    "adaptive-v2": lambda load: _adaptive(load, plain_decode=False),
 }
+
+
+def _unsupported(tree: Path, server: str) -> str | None:
+    """Why the tree's SGLang cannot run a server of the table (each line runs the ones it has)."""
+    if server.endswith("v1") and not (tree / "python/sglang/srt/speculative/eagle_worker.py").is_file():
+        return "the v1 EAGLEWorker is gone from this release"
+    if server.startswith("switch") and not tree_has_switch(tree):
+        return "this line has no speculation switch (lines/<ref>/NOTES.md)"
+    if server.startswith("adaptive") and missing_server_args(tree, ["speculative_adaptive"]):
+        return "this release has no --speculative-adaptive"
+    if server == "adaptive-plain-v2" and missing_environ(tree, [ZERO_STEP_PLAIN_DECODE]):
+        return f"this tree does not read {ZERO_STEP_PLAIN_DECODE} (the v0.5.15 line's 0002)"
+    return None
 
 
 def _only(run: H.Run, prompts: set[str]) -> H.Run:
@@ -98,9 +130,11 @@ def _describe(result: Any, reference: Any) -> str:
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("server", SERVERS)
 def test_outputs_equal_a_plain_servers(load: dict[str, Any], server: str, kind: str) -> None:
+    if why := _unsupported(load["tree"], server):
+        pytest.skip(f"{server}: {why}")
     ref = reference(load)
     assert not ref.errors, f"reference server failed: {ref.errors[0]}"
-    run = _serve(load, server, SERVERS[server](load["models"]))
+    run = _serve(load, server, SERVERS[server](load))
     assert not run.errors, f"{len(run.errors)} request(s) failed, first: {run.errors[0]}\nlog: {run.log_path}"
     prompts = {p for p, k in load["kind_of"].items() if k == kind}
     cmp = H.compare(_only(run, prompts), ref)
