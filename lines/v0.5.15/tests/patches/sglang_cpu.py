@@ -113,18 +113,21 @@ def make_pools(model_path: Path, max_reqs: int = 64, max_tokens: int = 8192) -> 
 
 def make_req(
     rid: str, prompt_len: int, *, max_new_tokens: int = 64, stop_token_ids: Optional[List[int]] = None,
-    sampling: Optional[dict] = None, return_logprob: bool = False, top_logprobs_num: int = 0,
+    sampling: Optional[dict] = None, return_logprob: bool = False, top_logprobs_num: int = 0, tokenizer: Any = None,
 ) -> Req:  # fmt: skip
-    """A Req as the scheduler builds it from a TokenizedGenerateReqInput (input ids as array('q'))."""
+    """A Req as the scheduler builds it from a TokenizedGenerateReqInput (input ids as array('q'));
+    stop strings and min_new_tokens need a tokenizer (see word_tokenizer)."""
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     params = SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids, **(sampling or {}))
-    params.normalize(None)
+    params.normalize(tokenizer)
     params.verify(VOCAB)
     input_ids = array("q", [(7 * i + len(rid)) % (VOCAB - 10) + 10 for i in range(prompt_len)])
     logprobs = {"return_logprob": return_logprob, "top_logprobs_num": top_logprobs_num}
-    return Req(rid, "", input_ids, params, vocab_size=VOCAB, eos_token_ids={2}, **logprobs)
+    req = Req(rid, "", input_ids, params, vocab_size=VOCAB, eos_token_ids={2}, **logprobs)
+    req.tokenizer = tokenizer
+    return req
 
 
 def _finish_prefill(pools: Pools, batch: ScheduleBatch, first_tokens: Sequence[int]) -> None:
@@ -336,10 +339,9 @@ def init_single_rank_groups() -> None:
 def word_tokenizer(path: Path):
     """A real transformers fast tokenizer through SGLang's get_tokenizer: token i is the word `w<i>`,
     EOS is `w2` (id 2), so a test writes stop strings as words and knows their token ids."""
+    from sglang.srt.utils.hf_transformers_utils import get_tokenizer
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
-
-    from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
     vocab = {f"w{i}": i for i in range(VOCAB)}
     model = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
@@ -384,17 +386,28 @@ def _fill_bonus_tokens(accept_tokens, accept_lens, bonus_tokens, accept_stride):
         bonus_tokens[i] = flat[accept_stride * i + int(accept_lens[i]) - 1]
 
 
+def _fill_accept_out_cache_loc(accept_index, out_cache_loc, accept_out_cache_loc, _size_upper):
+    # Program i, for an accepted entry i of the flat accept_index, stores its KV slot at the
+    # number of accepted entries before it: the accepted path's slots, packed.
+    flat = accept_index.reshape(-1)
+    for i in range(flat.numel()):
+        if int(flat[i]) > -1:
+            accept_out_cache_loc[int((flat[:i] != -1).sum())] = out_cache_loc[flat[i]]
+
+
 def use_torch_verify(monkeypatch) -> None:
     """The greedy verify's native kernel (sgl_kernel.verify_tree_greedy, reached on CUDA only) and
-    the worker's fill_bonus_tokens triton kernel, as the torch references above."""
+    the triton kernels after it (the worker's fill_bonus_tokens; for trees, the accepted path's
+    KV move), as the torch references above."""
     import sgl_kernel
-
     import sglang.srt.speculative.eagle_utils as eagle_utils
     import sglang.srt.speculative.eagle_worker_v2 as eagle_worker_v2
+    import sglang.srt.speculative.spec_utils as spec_utils
 
     monkeypatch.setattr(eagle_utils, "_is_cuda", True)
     monkeypatch.setattr(sgl_kernel, "verify_tree_greedy", verify_tree_greedy, raising=False)
     monkeypatch.setattr(eagle_worker_v2, "fill_bonus_tokens", Launcher(_fill_bonus_tokens))
+    monkeypatch.setattr(spec_utils, "fill_accept_out_cache_loc", Launcher(_fill_accept_out_cache_loc))
 
 
 def verify_input(draft_tokens: torch.Tensor, seq_lens: torch.Tensor, next_token=None, next_sibling=None, topk: int = 1):
@@ -499,7 +512,7 @@ class StandInDraft:
         draft_input.hidden_states = torch.randn(bs, HIDDEN)
 
 
-def spec_worker(target: StandInTarget, draft: StandInDraft, pools: Pools, num_steps: int = 3):
+def spec_worker(target: StandInTarget, draft: StandInDraft, pools: Pools, server_args: ServerArgs):
     """SGLang's EAGLEWorkerV2 (object.__new__) around the stand-ins, no adaptive controller."""
     import contextlib
 
@@ -507,8 +520,9 @@ def spec_worker(target: StandInTarget, draft: StandInDraft, pools: Pools, num_st
 
     worker = object.__new__(EAGLEWorkerV2)
     worker._target_worker, worker._draft_worker = target, draft
-    worker.adaptive_controller, worker.topk, worker.device = None, TOPK, "cpu"
-    worker.speculative_num_steps, worker.speculative_num_draft_tokens = num_steps, num_steps + 1
+    worker.adaptive_controller, worker.topk, worker.device = None, server_args.speculative_eagle_topk, "cpu"
+    worker.speculative_num_steps = server_args.speculative_num_steps
+    worker.speculative_num_draft_tokens = server_args.speculative_num_draft_tokens
     worker.plan_stream, worker.plan_stream_ctx = None, contextlib.nullcontext()
     worker.req_to_token_pool, worker.token_to_kv_pool_allocator = pools.req_to_token_pool, pools.allocator
     worker.speculative_algorithm = target.model_runner.spec_algorithm
@@ -573,22 +587,78 @@ class OverlapScheduler:
         return result
 
     def process(self) -> None:
-        """The oldest launched batch's output processing: the tokens onto its requests."""
-        from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
-        from sglang.srt.mem_cache.common import maybe_cache_unfinished_req
-
+        """The oldest launched batch's output processing (SchedulerBatchResultProcessor's own)."""
         batch, result = self.pending.pop(0)
+        processor = result_processor(self.pools, self.worker)
         if batch.forward_mode.is_extend():
-            for req, token in zip(batch.reqs, result.next_token_ids.tolist(), strict=True):
-                req.output_ids.append(token)
-                req.update_finish_state()
-                if not req.finished():
-                    maybe_cache_unfinished_req(req, self.pools.tree_cache)
-            return
-        processor = type("Processor", (), {"model_worker": self.worker})()
-        tokens = SchedulerBatchResultProcessor._resolve_spec_v2_tokens(processor, result, batch)
-        for req, accepted in zip(batch.reqs, tokens, strict=True):
-            if req.finished():
-                continue
-            req.output_ids.extend(accepted)
-            req.update_finish_state(len(accepted))
+            processor.process_batch_result_prefill(batch, result)
+        else:
+            processor.process_batch_result_decode(batch, result)
+
+
+class _Quiet:
+    """Metrics and streaming, which the output processor reports to: nothing to report here."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+class _Metrics(_Quiet):
+    num_generated_tokens = forward_ct_decode = 0
+
+
+def result_processor(pools: Pools, worker):
+    """The scheduler's SchedulerBatchResultProcessor on these pools, as Scheduler builds it for one
+    overlap rank without disaggregation; metrics and streaming quiet."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+    from sglang.srt.managers.scheduler_components.logprob_result_processor import SchedulerLogprobResultProcessor
+    from sglang.srt.server_args import get_global_server_args
+
+    server_args = get_global_server_args()
+    return SchedulerBatchResultProcessor(
+        is_generation=True, disaggregation_mode=DisaggregationMode.NULL, enable_overlap=True,
+        enable_overlap_mlx=False, server_args=server_args, model_config=pools.model_config,
+        token_to_kv_pool_allocator=pools.allocator, tree_cache=pools.tree_cache, hisparse_coordinator=None,
+        req_to_token_pool=pools.req_to_token_pool, decode_offload_manager=None, metrics_collector=_Quiet(),
+        metrics_reporter=_Metrics(), draft_worker=worker.draft_worker, model_worker=worker,
+        logprob_result_processor=SchedulerLogprobResultProcessor(server_args=server_args, model_config=pools.model_config),
+        output_streamer=_Quiet(), abort_request=_Quiet().abort_request,
+    )  # fmt: skip
+
+
+class PlannedLogits:
+    """The stood-in target's logits: noise in [0, 1), with the planned next token 6 ahead at each row.
+
+    `plan(forward_batch)` gives the favoured token of every row the target returns (one a request
+    for a prefill or a decode, one a draft position for a verify)."""
+
+    def __init__(self, seed: int = 0):
+        self.plan = None
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, forward_batch):
+        favoured = torch.as_tensor(self.plan(forward_batch))
+        logits = torch.rand(len(favoured), VOCAB, generator=self.generator)
+        logits[torch.arange(len(favoured)), favoured] += 6.0
+        return logits
+
+
+def spec_v2_server(tmp_path: Path, monkeypatch, **server_overrides: Any):
+    """One rank of an EAGLE-3 spec-v2 server on CPU: pools, the v2 worker around stood-in models,
+    the overlap scheduler's bookkeeping and a word tokenizer (attributes of the returned object)."""
+    import types
+
+    model_path = write_tiny_llama_config(tmp_path / "model")
+    server_args = make_server_args(model_path, **server_overrides)
+    use_torch_kernels(monkeypatch)
+    use_torch_verify(monkeypatch)
+    init_single_rank_groups()
+    pools = make_pools(model_path)
+    model = PlannedLogits()
+    target, draft = StandInTarget(pools, server_args, model), StandInDraft()
+    worker = spec_worker(target, draft, pools, server_args)
+    return types.SimpleNamespace(
+        pools=pools, model=model, target=target, draft=draft, worker=worker,
+        scheduler=OverlapScheduler(pools, worker), tokenizer=word_tokenizer(tmp_path / "tokenizer"),
+    )  # fmt: skip
