@@ -1,8 +1,9 @@
 """Stop conditions inside the tokens one speculative step accepts (v0.5.15 line, upstream's own
 behaviour): the request ends at the stop, with the ids and reason a plain decode gives.
 
-The v0.5.9 line needed a patch for this (its 0011, upstream since v0.5.14); here it confirms that
-0.5.15 still ends a request where one token per step would. Real prefills, EAGLEWorkerV2's verify
+The v0.5.9 line needed a patch for this (its 0011, upstream since v0.5.14); 0.5.15 has most of it
+and this line's 0005 the rest (a stop before the length limit, an EOS before a stop string, within
+one step). Real prefills, EAGLEWorkerV2's verify
 on chains the target accepts as far as the test plans, and the scheduler's own output processor
 (process_batch_result_decode, which calls Req.update_finish_state with the step's accept length);
 the reference is the same tokens fed to a Req one at a time, as a plain server does.
@@ -82,18 +83,11 @@ CASES = {
     "stop-across-steps": ({"stop": w(77, 78)}, 40, [[41, 77], [78, 42, 43, 44]]),
     "stop-mid-step": ({"stop": w(77, 78)}, 40, [[77, 78, 42, 43], [44]]),
     "regex-mid-step": ({"stop_regex": r"w9\d"}, 40, [[41, 93, 42, 43]]),
-    "stop-before-length": pytest.param(
-        {"stop": w(77), "max_new_tokens": 5}, 40, [[41, 77, 42, 43]],
-        # Req.update_finish_state checks the length before stop strings: a step that passes
-        # max_new_tokens ends the request at the limit, with the tokens after its stop string.
-        marks=pytest.mark.xfail(strict=True, reason="0.5.15 ends at the length limit past a stop string of the same step"),
-    ),  # fmt: skip
-    "eos-before-stop": pytest.param(
-        {"stop": w(77)}, 40, [[41, EOS, 77, 42]],
-        # Req.update_finish_state checks stop strings before tokens, over the whole step: the
-        # request ends at the stop string after the EOS, where a plain decode ends at the EOS.
-        marks=pytest.mark.xfail(strict=True, reason="0.5.15 ends at a stop string after an EOS of the same step"),
-    ),  # fmt: skip
+    # Upstream's Req.update_finish_state checks the length first and stop strings before stop
+    # tokens, each over the whole step: unpatched, the first ends at the limit with the tokens
+    # after its stop string, the second at the stop string after the EOS (0005 fixes both).
+    "stop-before-length": ({"stop": w(77), "max_new_tokens": 5}, 40, [[41, 77, 42, 43]]),
+    "eos-before-stop": ({"stop": w(77)}, 40, [[41, EOS, 77, 42]]),
     "stop-token-id": ({"stop_token_ids": [55]}, 40, [[41, 55, 42, 43]]),
     "length-mid-step": ({"max_new_tokens": 3}, 40, [[41, 42, 43, 44]]),
 }
