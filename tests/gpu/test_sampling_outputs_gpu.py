@@ -25,7 +25,7 @@ from bench.server import missing_environ, missing_server_args, tree_has_switch
 import gpu_harness as H
 from gpu_harness import SUMMARY
 
-pytestmark = [pytest.mark.gpu, pytest.mark.switch]
+pytestmark = pytest.mark.gpu  # which servers a tree can run: _unsupported
 PAIR = "trained"
 STEPS = 3  # the v2 worker's --speculative-num-steps in the harness
 NEW_TOKENS = 48
