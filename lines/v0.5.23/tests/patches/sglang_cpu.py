@@ -103,18 +103,23 @@ def make_pools(server_args: ServerArgs, max_reqs: int = 64, max_tokens: int = 81
 
 def make_req(
     rid: str, prompt_len: int, *, max_new_tokens: int = 64, stop_token_ids: Optional[List[int]] = None,
-    sampling: Optional[dict] = None, return_logprob: bool = False, top_logprobs_num: int = 0,
+    sampling: Optional[dict] = None, return_logprob: bool = False, top_logprobs_num: int = 0, tokenizer: Any = None,
 ) -> Req:  # fmt: skip
-    """A Req as the scheduler builds it from a TokenizedGenerateReqInput (input ids as array('q'))."""
+    """A Req as the scheduler builds it from a TokenizedGenerateReqInput (input ids as array('q')).
+
+    With a tokenizer (stop strings, min_new_tokens need one), the scheduler's: the request holds it.
+    """
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     params = SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids, **(sampling or {}))
-    params.normalize(None)
+    params.normalize(tokenizer)
     params.verify(VOCAB)
     input_ids = array("q", [(7 * i + len(rid)) % (VOCAB - 10) + 10 for i in range(prompt_len)])
     logprobs = {"return_logprob": return_logprob, "top_logprobs_num": top_logprobs_num}
-    return Req(rid, "", input_ids, params, vocab_size=VOCAB, eos_token_ids={2}, **logprobs)
+    req = Req(rid, "", input_ids, params, vocab_size=VOCAB, eos_token_ids={2}, **logprobs)
+    req.tokenizer = tokenizer
+    return req
 
 
 def _admit(pools: Pools, reqs: Sequence[Req]) -> None:
@@ -302,3 +307,88 @@ def init_single_rank_groups() -> None:
         world_size=1, rank=0, local_rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo"
     )
     parallel_state.initialize_model_parallel(backend="gloo")
+
+
+class OverlapLoop:
+    """0.5.23's overlap event loop around a speculative v2 worker (Scheduler.event_loop_overlap,
+    run_batch, output processing), for batches the test schedules itself.
+
+    `run` is run_batch's overlap branch for speculative batches: the FutureMap's seq-lens and
+    spec-extras resolution, Scheduler._forward_isolation (its forward copy of the sampling info;
+    overlap=False only skips its pinning of GPU tensors for the overlap window, moot on CPU),
+    the worker's forward_batch_generation with on_publish, Scheduler._relay_forward_payload, and
+    the next draft input left on the batch. The step before's result is processed after this
+    step's launch, as the loop does: prepare_for_decode of step N + 1 runs before N's tokens reach
+    the requests. Decode results go through SchedulerBatchResultProcessor._resolve_spec_v2_tokens.
+    Needs `use_torch_kernels` active.
+    """
+
+    def __init__(self, pools: Pools, worker: Any):
+        self.pools, self.worker, self.pending = pools, worker, None
+
+    def admit_prefill(self, reqs: Sequence[Req]) -> ScheduleBatch:
+        """A prefill batch as get_new_batch_prefill builds it (admission, prepare_for_extend)."""
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        _admit(self.pools, reqs)
+        batch = ScheduleBatch.init_new(
+            list(reqs), self.pools.req_to_token_pool, self.pools.allocator, self.pools.tree_cache,
+            self.pools.model_config, enable_overlap=True, spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+        )  # fmt: skip
+        batch.prepare_for_extend()
+        return batch
+
+    def run(self, batch: ScheduleBatch):
+        from types import SimpleNamespace
+
+        from sglang.srt.managers.overlap_utils import resolve_forward_inputs
+        from sglang.srt.managers.scheduler import Scheduler
+
+        fm = self.pools.future_map
+        fm.resolve_seq_lens_cpu(batch)
+        resolve_forward_inputs(batch, fm)
+        with Scheduler._forward_isolation(None, batch, overlap=False):
+            future_indices = batch.req_pool_indices
+            result = self.worker.forward_batch_generation(batch, on_publish=lambda lens: fm.publish(future_indices, lens))
+            scheduler = SimpleNamespace(
+                spec_algorithm=batch.spec_algorithm, future_map=fm, chunked_req=None,
+                beam_coordinator=SimpleNamespace(maybe_select_and_relay=lambda *args, **kwargs: None),
+            )  # fmt: skip
+            Scheduler._relay_forward_payload(scheduler, batch, future_indices, result)
+        batch.input_ids = None
+        batch.spec_info = result.next_draft_input
+        batch.spec_info.future_dsa_topk_indices_available = batch.spec_info.dsa_topk_indices is not None
+        batch.spec_info.future_indices = future_indices
+        previous, self.pending = self.pending, (batch.copy(), result)
+        if previous is not None:
+            self._process(*previous)
+        return result
+
+    def flush(self) -> None:
+        if self.pending is not None:
+            self._process(*self.pending)
+            self.pending = None
+
+    def _process(self, batch: ScheduleBatch, result) -> None:
+        from types import SimpleNamespace
+
+        from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+        from sglang.srt.mem_cache.common import checkpoint_kv_cache
+
+        if batch.forward_mode.is_extend():
+            for req, token in zip(batch.reqs, result.next_token_ids.tolist(), strict=True):
+                req.output_ids.append(token)
+                req.update_finish_state()
+                checkpoint_kv_cache(req, self.pools.tree_cache)
+            return
+        processor = SimpleNamespace(
+            metrics_reporter=SimpleNamespace(snapshot_spec_decode_metrics=lambda *args: None),
+            model_worker=SimpleNamespace(on_verify_complete_cpu=lambda *args, **kwargs: None),
+            advance_grammar_fsm=lambda *args: None,
+        )  # fmt: skip
+        for req, tokens in zip(batch.reqs, SchedulerBatchResultProcessor._resolve_spec_v2_tokens(processor, result, batch), strict=True):
+            if req.finished():
+                continue
+            req.output_ids.extend(tokens)
+            req.update_finish_state(len(tokens))
