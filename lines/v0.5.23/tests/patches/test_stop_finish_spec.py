@@ -1,6 +1,7 @@
 """Finishing a request on tokens accepted several per step, as 0.5.23's output processor calls
 `Req.update_finish_state(new_accepted_len)` for a speculative step, against the same tokens decoded
-one per step (what a plain server does). Upstream 0.5.23 does this already; the test pins it.
+one per step (what a plain server does). Upstream 0.5.23 does this but for an EOS before a stop
+string in one step, which the line's 0004 fixes; the test pins both.
 
 The two must agree on where the request ends and why: `finished_len`, which trims the returned ids
 (`output_ids_through_stop`) and `completion_tokens`, and `finished_reason`.
@@ -70,10 +71,8 @@ CASES = {
     "stop-before-length": ({"stop": w(77), "max_new_tokens": 4}, [40, 77, 41, 42], [4]),
     # EOS inside one step, with a stop string after it in the same step: 0.5.23 checks stop
     # strings first and ends the request at the stop string, past the EOS a plain server ends at.
-    "eos-before-stop": pytest.param(
-        {"stop": w(77)}, [40, EOS, 77, 41], [4],
-        marks=pytest.mark.xfail(strict=True, reason="0.5.23 ends at a stop string after an EOS of the same step"),
-    ),
+    # Upstream ends it at the stop string after the EOS (the line's 0004 fixes it).
+    "eos-before-stop": ({"stop": w(77)}, [40, EOS, 77, 41], [4]),
     # A stop token id inside one step.
     "stop-token-id": ({"stop_token_ids": [55]}, [40, 41, 55, 42], [4]),
     # No stop: the length limit inside one step.
