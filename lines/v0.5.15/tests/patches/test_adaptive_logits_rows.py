@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from sglang_cpu import VOCAB, init_single_rank_groups, make_pools, make_server_args, write_tiny_llama_config
 
 CAPTURE_BS = [1, 2, 4, 8, *range(16, 257, 8)]  # SGLang's default decode graph sizes up to 256
