@@ -218,6 +218,14 @@ def point_tree_at(repo: Git, ref: str, base: str, head: str) -> None:
     repo.update_ref(APPLIED_REF, head)
 
 
+def _move_into_place(built: Path, tree: Path) -> None:
+    if tree.exists():  # made meanwhile by something outside the toolkit's lock
+        raise UnsafeTreeError(f"{tree} appeared while the series was being applied; nothing was moved "
+                              "into it: look at what made it, then run again")
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(built), str(tree))
+
+
 def apply_series(
     project: Project,
     ref: str | None = None,
@@ -265,9 +273,5 @@ def apply_series(
         head = build_commits(repo, base, patches, scratch)
         point_tree_at(repo, ref, base, head)
         if fresh:
-            if tree.exists():  # made meanwhile by something outside the toolkit's lock
-                raise UnsafeTreeError(f"{tree} appeared while the series was being applied; nothing was moved "
-                                      "into it: look at what made it, then run again")
-            tree.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(repo.path), str(tree))
+            _move_into_place(repo.path, tree)
     return ApplyOutcome(tree, ref, base, head, entry, tuple(results), backup)

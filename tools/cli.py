@@ -178,8 +178,8 @@ def _add_rebase(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
     r.add_argument("--to", required=True, help="the new ref, e.g. v0.5.10")
     r.add_argument("--check", action="store_true", help="report only; change nothing")
     r.add_argument("--drop", action="store_true", help="confirm dropping patches found upstream/obsolete")
-    r.add_argument("--report", help="write the Markdown report here (default: docs/rebase/[<line>/]<ref>.md with --check, else "
-                   "build/rebase-<ref>.md)")
+    r.add_argument("--report", help="write the Markdown report here (default: docs/rebase/[<line>/]<ref>.md with "
+                   "--check, else build/rebase-<ref>.md)")
     r.add_argument("--continue", dest="cont", action="store_true", help="continue after resolving a conflict")
     r.add_argument("--abort", action="store_true", help="abandon a rebase in progress")
     r.add_argument("--new-line", action="store_true",
