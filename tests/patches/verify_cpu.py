@@ -9,21 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import kernel_refs
 import torch
 
 from sglang_cpu import VOCAB
 
 
 def word_tokenizer(path: Path):
-    from sglang.srt.utils.hf_transformers_utils import get_tokenizer
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {f"w{i}": i for i in range(VOCAB)}
-    model = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
-    model.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=model, eos_token="w2").save_pretrained(path)
-    return get_tokenizer(str(path))
+    return kernel_refs.word_tokenizer(path, VOCAB)
 
 
 def verify_tree_greedy(
@@ -36,31 +29,11 @@ def verify_tree_greedy(
     retrive_next_sibling,
     target_predict,
 ):
-    # sgl-kernel's greedy tree walk: from the root, follow the child (then its siblings) whose
-    # draft token equals the target's prediction at the last accepted node; write the target's
-    # prediction at every accepted node and the bonus at the last one.
-    flat_target = target_predict.reshape(-1)
-    bs, num_draft = candidates.shape
-    steps = accept_index.shape[1]
-    for b in range(bs):
-        last = int(retrive_index[b, 0])
-        accept_index[b, 0] = last
-        accepted = 0
-        cur = 0
-        for _ in range(1, steps):
-            cur = int(retrive_next_token[b, cur])
-            while cur != -1:
-                if int(candidates[b, cur]) == int(flat_target[last]):
-                    predicts[last] = flat_target[last]
-                    accepted += 1
-                    accept_index[b, accepted] = retrive_index[b, cur]
-                    last = int(retrive_index[b, cur])
-                    break
-                cur = int(retrive_next_sibling[b, cur])
-            if cur == -1:
-                break
-        accept_token_num[b] = accepted
-        predicts[last] = flat_target[last]
+    """sgl_kernel.verify_tree_greedy, with the argument names SGLang 0.5.9 passes."""
+    kernel_refs.greedy_tree_walk(
+        predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+        retrive_next_sibling, target_predict,
+    )  # fmt: skip
 
 
 def use_torch_verify(monkeypatch) -> None:

@@ -14,6 +14,7 @@ from array import array
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
 
+import kernel_refs
 import torch
 
 if TYPE_CHECKING:  # annotations only: SGLang is importable once conftest has set sys.path
@@ -337,46 +338,19 @@ def init_single_rank_groups() -> None:
 
 
 def word_tokenizer(path: Path):
-    """A real transformers fast tokenizer through SGLang's get_tokenizer: token i is the word `w<i>`,
-    EOS is `w2` (id 2), so a test writes stop strings as words and knows their token ids."""
-    from sglang.srt.utils.hf_transformers_utils import get_tokenizer
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {f"w{i}": i for i in range(VOCAB)}
-    model = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
-    model.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=model, eos_token="w2").save_pretrained(path)
-    return get_tokenizer(str(path))
+    """A word-level tokenizer through SGLang's get_tokenizer (kernel_refs): token i is `w<i>`, EOS `w2`."""
+    return kernel_refs.word_tokenizer(path, VOCAB)
 
 
 def verify_tree_greedy(
     predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
     retrive_next_sibling, target_predict,
 ):  # fmt: skip
-    # sgl_kernel's greedy tree walk: from the root, follow the child (then its siblings) whose
-    # draft token equals the target's prediction at the last accepted node; write the target's
-    # prediction at every accepted node and the bonus at the last one.
-    flat_target = target_predict.reshape(-1)
-    bs, steps = candidates.shape[0], accept_index.shape[1]
-    for b in range(bs):
-        last = int(retrive_index[b, 0])
-        accept_index[b, 0] = last
-        accepted, cur = 0, 0
-        for _ in range(1, steps):
-            cur = int(retrive_next_token[b, cur])
-            while cur != -1:
-                if int(candidates[b, cur]) == int(flat_target[last]):
-                    predicts[last] = flat_target[last]
-                    accepted += 1
-                    accept_index[b, accepted] = retrive_index[b, cur]
-                    last = int(retrive_index[b, cur])
-                    break
-                cur = int(retrive_next_sibling[b, cur])
-            if cur == -1:
-                break
-        accept_token_num[b] = accepted
-        predicts[last] = flat_target[last]
+    """sgl_kernel.verify_tree_greedy, with the argument names SGLang 0.5.15 passes."""
+    kernel_refs.greedy_tree_walk(
+        predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+        retrive_next_sibling, target_predict,
+    )  # fmt: skip
 
 
 def _fill_bonus_tokens(accept_tokens, accept_lens, bonus_tokens, accept_stride):

@@ -22,6 +22,9 @@ HERE = Path(__file__).resolve().parent
 LINE_DIR = HERE.parents[1]
 PROJECT_ROOT = LINE_DIR.parents[1] if LINE_DIR.parent.name == "lines" else LINE_DIR
 STUBS = HERE / "stubs"
+# What every line's harness shares whatever its release (kernel_refs.py); after the line's own folder,
+# so a line's sglang_cpu.py is the one its tests import.
+sys.path.append(str(PROJECT_ROOT / "tests" / "patches"))
 
 
 def _default_tree() -> Path:

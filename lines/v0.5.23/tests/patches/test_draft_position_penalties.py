@@ -178,29 +178,27 @@ def test_emitted_tokens_are_counted_once_through_filter_merge_and_zero_step_batc
     # Upstream's steps=0 batch (the adaptive state of 0 steps): a one-token verify rooted at
     # the pending token.
     env.worker.speculative_num_steps, env.worker.speculative_num_draft_tokens = 0, 1
-    env.target.logits = _step_logits(5, 80)
-    raw = env.target.logits.clone()
-    env.loop.run(batch)
-    assert env.target.modes[-1] == "TARGET_VERIFY"
-    for b, tokens in enumerate(emitted):
-        torch.testing.assert_close(env.target.logits[b], _plain(env, sampling[b], tokens, raw[b]), msg=f"request {b}")
-    _decode(env, batch)
-    emitted = _emitted(env, batch)
-    assert all(tokens[-1] == 80 for tokens in emitted)
-    _assert_counted(env, batch, sampling, emitted)
+    emitted = _one_token_step(env, batch, sampling, emitted, 80, "TARGET_VERIFY")
 
     # The same batch as 0002's plain decode: the regular sampler, with the scheduler's rows.
     monkeypatch.setenv("SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE", "1")
-    env.target.logits = _step_logits(5, 81)
+    _one_token_step(env, batch, sampling, emitted, 81, "DECODE")
+
+
+def _one_token_step(env, batch, sampling, emitted, token, mode):
+    """A step of one token a request, run as `mode`: its rows penalised as plain decoding's after
+    `emitted`, then `token` counted; returns what each request has emitted since."""
+    env.target.logits = _step_logits(5, token)
     raw = env.target.logits.clone()
     env.loop.run(batch)
-    assert env.target.modes[-1] == "DECODE"
+    assert env.target.modes[-1] == mode
     for b, tokens in enumerate(emitted):
         torch.testing.assert_close(env.target.logits[b], _plain(env, sampling[b], tokens, raw[b]), msg=f"request {b}")
     _decode(env, batch)
     emitted = _emitted(env, batch)
-    assert all(tokens[-1] == 81 for tokens in emitted)
+    assert all(tokens[-1] == token for tokens in emitted)
     _assert_counted(env, batch, sampling, emitted)
+    return emitted
 
 
 # A topk-2 tree: the root's children 1 and 2, then 1 -> 3 -> 5 and 2 -> 4.

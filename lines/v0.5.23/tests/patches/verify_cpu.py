@@ -17,21 +17,14 @@ import types
 from pathlib import Path
 from typing import List, Optional
 
+import kernel_refs
 import torch
 
 from sglang_cpu import HIDDEN, TOPK, VOCAB
 
 
 def word_tokenizer(path: Path):
-    from sglang.srt.utils.hf_transformers_utils import get_tokenizer
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {f"w{i}": i for i in range(VOCAB)}
-    model = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
-    model.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=model, eos_token="w2").save_pretrained(path)
-    return get_tokenizer(str(path))
+    return kernel_refs.word_tokenizer(path, VOCAB)
 
 
 # ---- torch references for the kernels on the verify path ------------------------------------
@@ -41,30 +34,11 @@ def verify_tree_greedy(
     predicts, accept_index, accept_token_num, candidates, retrieve_index, retrieve_next_token,
     retrieve_next_sibling, target_predict, topk=-1,
 ):  # fmt: skip
-    # sgl-kernel's greedy tree walk: from the root, follow the child (then its siblings) whose
-    # draft token equals the target's prediction at the last accepted node; write the target's
-    # prediction at every accepted node and the bonus at the last one.
-    flat_target = target_predict.reshape(-1)
-    bs = candidates.shape[0]
-    steps = accept_index.shape[1]
-    for b in range(bs):
-        last = int(retrieve_index[b, 0])
-        accept_index[b, 0] = last
-        accepted, cur = 0, 0
-        for _ in range(1, steps):
-            cur = int(retrieve_next_token[b, cur])
-            while cur != -1:
-                if int(candidates[b, cur]) == int(flat_target[last]):
-                    predicts[last] = flat_target[last]
-                    accepted += 1
-                    accept_index[b, accepted] = retrieve_index[b, cur]
-                    last = int(retrieve_index[b, cur])
-                    break
-                cur = int(retrieve_next_sibling[b, cur])
-            if cur == -1:
-                break
-        accept_token_num[b] = accepted
-        predicts[last] = flat_target[last]
+    """eagle_utils.verify_tree_greedy_func, with the argument names SGLang 0.5.23 passes."""
+    kernel_refs.greedy_tree_walk(
+        predicts, accept_index, accept_token_num, candidates, retrieve_index, retrieve_next_token,
+        retrieve_next_sibling, target_predict,
+    )  # fmt: skip
     return predicts, accept_index, accept_token_num
 
 
