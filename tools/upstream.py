@@ -270,13 +270,18 @@ def _import_archive(project: Project, repo: Git, ref: str, dist: Dist,
     return base, LockEntry(**{**asdict(entry), "base_commit": base})
 
 
+def archive_name(entry: LockEntry) -> str:
+    """The archive's file name, as its URL ends (without a #sha256= fragment)."""
+    return entry.url.rsplit("/", 1)[-1].split("#")[0]
+
+
 def lock_problems(entry: LockEntry, repo: Git, lock_name: str) -> list[str]:
     """Fields of a lock entry that contradict each other or the base commit built from it."""
     probs: list[str] = []
     if entry.source == "git":  # its base is upstream's own commit, which records nothing of ours
         return probs
     version = release_version(entry.ref)
-    filename = entry.url.rsplit("/", 1)[-1].split("#")[0]
+    filename = archive_name(entry)
     if not version or not filename.startswith(f"sglang-{version}-") and filename != f"sglang-{version}.tar.gz":
         probs.append(f"{lock_name}: ref {entry.ref} and url {entry.url} disagree: the url is not a release "
                      f"archive of {entry.ref}")
@@ -300,7 +305,7 @@ def _check_lock(entry: LockEntry, repo: Git, lock_name: str) -> None:
 
 
 def _archive_path(project: Project, entry: LockEntry) -> Path:
-    return project.cache_dir / "archives" / entry.url.rsplit("/", 1)[-1].split("#")[0]
+    return project.cache_dir / "archives" / archive_name(entry)
 
 
 def _check_cached_archive(project: Project, entry: LockEntry, lock_name: str) -> None:
@@ -335,7 +340,7 @@ def _from_locked(project: Project, repo: Git, entry: LockEntry, lock_name: str =
         raise UpstreamError(f"cannot fetch locked {entry.describe()}:\n  " + "\n  ".join(errors))
     if entry.base_commit and repo.rev(entry.base_commit):
         return entry.base_commit  # imported (and checksummed) before
-    dist = Dist(entry.url.rsplit("/", 1)[-1].split("#")[0], entry.url, entry.sha256 or "", entry.source)
+    dist = Dist(archive_name(entry), entry.url, entry.sha256 or "", entry.source)
     base, got = _import_archive(project, repo, entry.ref, dist, pinned_in=lock_name)
     if entry.base_commit and base != entry.base_commit:
         raise UpstreamError(
