@@ -29,7 +29,7 @@ from bench.configs import (
     write_off_above_tiers,
 )
 from bench.fixtures import FixtureError
-from bench.logparse import captured_graph_sets, parse_log, parse_metrics
+from bench.logparse import captured_graph_sets, parse_log, parse_metrics, parse_threshold
 from bench.releases import configs_for_tree, recommended_flags
 from bench.results import (
     Analysis,
@@ -232,17 +232,20 @@ def _run_level(name: str, url: str, c: int, settings: RunSettings, target: RunTa
             print(f"\r[{name}] C={c}: {done}/{total}", end="", file=sys.stderr, flush=True)
 
     lr = client.run_level(url, batch, c, settings.sampling, on_done=progress)
-    after = parse_metrics(client.get_metrics(url))
+    metrics = client.get_metrics(url)
+    after, threshold = parse_metrics(metrics), parse_threshold(metrics)
     counters = None
     if after is not None:
         counters = SwitchCounters.of(after).minus(SwitchCounters.of(before) if before else SwitchCounters(0, 0, 0))
     errors = lr.errors[:5] + ([f"... {len(lr.errors)} errors"] if len(lr.errors) > 5 else [])
     say(("\r" if tty else "") + f"[{name}] C={c:>3} n={n:>3}: {lr.tok_per_s:9.1f} tok/s  wall {lr.wall_s:6.1f}s"
-        + (f"  counters {counters.to_json()}" if counters is not None else "") + (f"  ERRORS {len(lr.errors)}: {lr.errors[0]}" if lr.errors else ""))
+        + (f"  counters {counters.to_json()}" if counters is not None else "")
+        + (f"  threshold {threshold}" if threshold is not None else "") + (f"  ERRORS {len(lr.errors)}: {lr.errors[0]}" if lr.errors else ""))
     return LevelRecord(concurrency=c, requests=n, output_tokens=lr.output_tokens, wall_s=round(lr.wall_s, 3),
                        tok_per_s=round(lr.tok_per_s, 1), errors=tuple(errors), counters=counters,
                        wave_tok_per_s=tuple(round(w, 1) for w in lr.wave_tok_per_s()),
-                       wave_send_spread_s=tuple(round(s, 4) for s in lr.wave_send_spread_s()))
+                       wave_send_spread_s=tuple(round(s, 4) for s in lr.wave_send_spread_s()),
+                       switch_threshold=threshold)
 
 
 def _profile(name: str, url: str, c: int, settings: RunSettings, target: RunTarget, log: Path) -> ProfileRecord:

@@ -13,6 +13,8 @@ EAGLE_V2 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
 EAGLE_V1_S2 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "2",
                "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"]
 V2_ENV = {"SGLANG_ENABLE_SPEC_V2": "1"}
+# The switch's learned thresholds (0014); the cap is its default, named so a tree without it is refused.
+AUTO_SWITCH = ["--speculative-disable-batch-size", "auto", "--speculative-auto-max-batch-size", "64"]
 SKIP_ZERO_STEP_DRAFT_EXTEND = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
 # The v0.5.15 line's plain-decode patch: a steps=0 batch as a plain target DECODE.
 ZERO_STEP_PLAIN_DECODE = "SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE"
@@ -60,9 +62,13 @@ CONFIGS: dict[str, Config] = {c.name: c for c in [
     Config("spec", EAGLE_V1, help="always EAGLE-3, v1 worker, topk 4, 3 steps, 16 draft tokens"),
     Config("switch-v1", EAGLE_V1, switch=True, compare_to=("nospec", "spec"),
            help="v1 EAGLE-3 with the dynamic switch"),
+    Config("switch-v1-auto", EAGLE_V1 + AUTO_SWITCH, compare_to=("nospec", "spec"),
+           help="v1 EAGLE-3 with the switch's thresholds learned from measured step costs"),
     Config("spec-v2", EAGLE_V2, V2_ENV, help="always EAGLE-3, v2 (overlap) worker, topk 1, 3 steps, 4 draft tokens"),
     Config("switch-v2", EAGLE_V2, V2_ENV, switch=True, compare_to=("nospec", "spec-v2"), baseline="spec-v2",
            help="v2 EAGLE-3 with the dynamic switch"),
+    Config("switch-v2-auto", EAGLE_V2 + AUTO_SWITCH, V2_ENV, compare_to=("nospec", "spec-v2"),
+           help="v2 EAGLE-3 with the switch's thresholds learned from measured step costs"),
     # Upstream's load-based speculation (SGLang 0.5.11+; v2 worker, topk 1), to compare with ours.
     Config("adaptive-v2", EAGLE_V2 + ["--speculative-adaptive"], compare_to=("nospec", "spec-v2"), since="v0.5.11",
            help="upstream --speculative-adaptive, its default tiers (SGLang 0.5.11+)"),

@@ -7,7 +7,8 @@ Tolerant of small format changes. Recognised:
 - SGLang's ``Decode batch, #running-req: N, ... cuda graph: True|False, gen throughput (token/s): T``
   lines, and its ``Prefill batch`` lines (an interval with a prefill is not a steady decode);
 - the rank from the log prefix ``[... TP<k>]`` (rank 0 when absent);
-- Prometheus counters ``sglang:spec_switch_{spec_steps,fallback_steps,switches}_total``;
+- Prometheus counters ``sglang:spec_switch_{spec_steps,fallback_steps,switches}_total`` and the
+  learned threshold ``sglang:spec_switch_threshold``;
 - CUDA graph capture: ``Capture cuda graph bs [..]`` followed by ``Capture cuda graph end`` (the
   target's own set) or ``Capture plain-decode cuda graph ... end`` (the plain-decode graphs patch's set), with their
   ``Time elapsed: X s`` and ``mem usage=Y GB``.
@@ -192,6 +193,15 @@ def parse_metrics(text: str) -> Counters | None:
     if not found:
         return None
     return Counters(int(found.get("spec_steps", 0)), int(found.get("fallback_steps", 0)), int(found.get("switches", 0)))
+
+
+def parse_threshold(text: str) -> int | None:
+    """The learned switch threshold (``sglang:spec_switch_threshold``); None when not exported."""
+    for line in text.splitlines():
+        m = _METRIC.match(line.strip())
+        if m and m.group("name") == "sglang:spec_switch_threshold":
+            return int(float(m.group("val")))
+    return None
 
 
 def counters_from_log(text: str, rank: int = 0) -> Counters | None:

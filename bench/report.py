@@ -17,6 +17,7 @@ from typing import Any
 
 from bench.analysis import Recommendation, best_of_ratios, recommend, series
 from bench.configs import AGAIN, BASELINE_NOSPEC, BASELINE_SPEC, declared_references
+from bench.learned import learned_lines
 from bench.logparse import decode_throughput_by_batch_size
 from bench.profile import markdown as profile_markdown
 from bench.results import Analysis, ConfigRecord, LevelRecord, RateKey, RunResults, read_results
@@ -136,6 +137,7 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
                 *_table(cfgs, levels, "decode_tok_per_s", analysis.decode_ratios), ""]
     out += _noise_lines(run, analysis)
     out += _recommendation_lines(analysis)
+    out += learned_lines(run)
     if run.meta:
         out.append("Run: " + ", ".join(f"{k}={v}" for k, v in sorted(run.meta.items()) if not isinstance(v, (dict, list))))
         out.append("")

@@ -100,6 +100,7 @@ class LevelRecord:
     decode_lines: int | None = None
     wave_tok_per_s: tuple[float, ...] = ()  # each full wave's output tok/s (client.LevelRun.wave_tok_per_s)
     wave_send_spread_s: tuple[float, ...] = ()  # each full wave's span of send times (client.LevelRun)
+    switch_threshold: int | None = None  # a learning switch's threshold at the level's end (/metrics)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -119,6 +120,8 @@ class LevelRecord:
             out["wave_tok_per_s"] = list(self.wave_tok_per_s)
         if self.wave_send_spread_s:
             out["wave_send_spread_s"] = list(self.wave_send_spread_s)
+        if self.switch_threshold is not None:
+            out["switch_threshold"] = self.switch_threshold
         if self.decode_lines is not None:
             out["decode_lines"] = self.decode_lines
             out["decode_tok_per_s"] = self.decode_tok_per_s
@@ -138,7 +141,8 @@ class LevelRecord:
             counters=None if counters is None else SwitchCounters.from_json(counters, f"{where}.counters"),
             decode_tok_per_s=None if decode_lines is None else r.nullable(r.number, "decode_tok_per_s"),
             decode_lines=decode_lines, wave_tok_per_s=r.opt(r.numbers, "wave_tok_per_s") or (),
-            wave_send_spread_s=r.opt(r.numbers, "wave_send_spread_s") or (), extra=r.rest())
+            wave_send_spread_s=r.opt(r.numbers, "wave_send_spread_s") or (),
+            switch_threshold=r.opt(r.integer, "switch_threshold"), extra=r.rest())
 
 
 @dataclass(frozen=True)

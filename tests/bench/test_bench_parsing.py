@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import cli, client, logparse  # noqa: E402
 from bench.configs import CONFIGS, parse_configs  # noqa: E402
-from bench.logparse import parse_log, parse_metrics, rank_of  # noqa: E402
+from bench.logparse import parse_log, parse_metrics, parse_threshold, rank_of  # noqa: E402
 from bench.server import (  # noqa: E402
     ServerSpec,
     TreeError,
@@ -274,3 +274,11 @@ def test_extra_flags_take_several_server_flags() -> None:
     args = cli.parse(["--extra-flags", "--attention-backend flashinfer", "--concurrency", "10"])
     assert args.extra_flags == "--attention-backend flashinfer"
     assert args.concurrency == [10]
+
+
+def test_parse_threshold() -> None:
+    text = ('# TYPE sglang:spec_switch_threshold gauge\nsglang:spec_switch_threshold{model_name="m",tp_rank="0"} 17.0\n'
+            'sglang:spec_switch_tokens_per_second{batch_size="10",mode="spec"} 3120.5\n')
+    assert parse_threshold(text) == 17
+    assert parse_threshold(METRICS) is None
+    assert parse_metrics(text) is None  # the gauges are not counters

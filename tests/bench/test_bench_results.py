@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -205,3 +206,23 @@ def test_wave_send_spans_round_trip_and_the_longest_is_reported_beside_the_waves
     assert "wave_send_spread_s" not in dataclasses.replace(level, wave_send_spread_s=()).to_json()
     run = RunResults(meta={}, configs={"nospec": ConfigRecord(flags=(), levels=(level,))})
     assert "| nospec | 8018-10897 (36%), sent within 181 ms |" in report.markdown(run, report.analyse(run))
+
+
+def test_learned_thresholds_round_trip_and_are_reported_beside_the_crossovers() -> None:
+    def level(c: int, out: float, decode: float, threshold: int | None = None) -> LevelRecord:
+        return LevelRecord(concurrency=c, requests=3 * c, output_tokens=int(out), wall_s=1.0, tok_per_s=out,
+                           decode_tok_per_s=decode, decode_lines=4, switch_threshold=threshold)
+
+    auto = (level(10, 2200, 3100, 12), level(30, 5300, 5900, 19))
+    assert LevelRecord.from_json(_json(auto[1].to_json()), "level") == auto[1]
+    assert "switch_threshold" not in level(10, 1, 1).to_json()  # configs that learn nothing have none
+    run = RunResults(meta={}, configs={
+        "nospec": ConfigRecord(flags=(), levels=(level(10, 2000, 2100), level(30, 5400, 6000))),
+        "spec-v2": ConfigRecord(flags=("--speculative-algorithm", "EAGLE3"),
+                                levels=(level(10, 2200, 3150), level(30, 4000, 4500))),
+        "switch-v2-auto": ConfigRecord(flags=("--speculative-disable-batch-size", "auto"),
+                                       compare_to=("nospec", "spec-v2"), levels=auto)})
+    text = report.markdown(run, report.analyse(run))
+    decode = 10 * 3 ** (math.log(3150 / 2100) / (math.log(3150 / 2100) - math.log(4500 / 6000)))
+    assert (f"- `switch-v2-auto` learned threshold at the end of each level: C=10: 12, C=30: 19; the run's "
+            f"crossover of `spec-v2` and `nospec`: decode step C~{decode:.1f}, output C~") in text

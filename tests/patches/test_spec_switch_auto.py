@@ -1,0 +1,306 @@
+"""The switch's learned thresholds (0014, `--speculative-disable-batch-size auto`).
+
+The v2 worker takes every decision on real decode batches (SGLang's own prefills), the thresholds
+travel as the scheduler sends them (its real recv_requests on the entry rank, its real request
+dispatch on every rank), and the learner sees each step as the scheduler reports it. Only the GPU
+is simulated: a step's duration comes from a cost model of a GPU-bound target (a fixed part and a
+part per request, speculative steps dearer, each request gaining `accept_length` tokens per
+speculative step), with multiplicative noise, on a clock of the rank's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import types
+from dataclasses import dataclass
+
+import pytest
+import zmq
+
+from sglang_cpu import make_req, prefilled_decode_batch
+from switch_helpers import v2_env
+
+CAP = 64
+
+
+@dataclass
+class SimulatedGpu:
+    plain: tuple[float, float] = (4e-3, 5e-5)  # seconds per step: fixed, per request
+    spec: tuple[float, float] = (7e-3, 2.5e-4)
+    accept_length: float = 2.7  # tokens per request per speculative step, the bonus included
+    noise: float = 0.02
+
+    def crossover(self) -> float:
+        """The batch size where both modes give the same tokens per second."""
+        (a_p, b_p), (a_s, b_s), length = self.plain, self.spec, self.accept_length
+        if b_s <= length * b_p:  # speculation's extra cost per request never catches up
+            return math.inf if length * a_p > a_s else 0.0
+        return (length * a_p - a_s) / (b_s - length * b_p)
+
+    def step(self, speculative: bool, batch_size: int, rng: random.Random) -> tuple[float, int]:
+        fixed, per_request = self.spec if speculative else self.plain
+        seconds = (fixed + per_request * batch_size) * rng.uniform(1 - self.noise, 1 + self.noise)
+        accepted = round(batch_size * (self.accept_length - 1)) if speculative else 0
+        return seconds, accepted
+
+
+class Speculated(Exception):
+    pass
+
+
+CAUGHT_UP = "catch-up"
+
+
+class Rank:
+    """One TP rank: the v2 worker with the auto switch, a scheduler around it, its own clock."""
+
+    def __init__(self, env, seed: int, entry: bool):
+        from sglang.srt.managers.scheduler import Scheduler
+        from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+        from sglang.srt.speculative.spec_switch import SpecSwitch
+        from sglang.srt.speculative.spec_switch_auto import AutoThreshold, hysteresis
+        from sglang.srt.speculative.spec_switch_v2 import DeferredDraftSyncV2
+
+        self.env, self.rng, self.now = env, random.Random(seed), 0.0
+        auto = AutoThreshold(CAP, clock=lambda: self.now)
+        worker = object.__new__(EAGLEWorkerV2)
+        worker.spec_switch = SpecSwitch(auto.prior, hysteresis(auto.prior), auto)
+        sync = worker.deferred_draft_sync = DeferredDraftSyncV2(max_catch_up_tokens=4096)
+        # What the real steps leave in the deferred sync's bookkeeping.
+        worker.forward_plain_decode = lambda mwb: sync.fell_behind(mwb, mwb.seq_lens_cpu)
+        worker.forward_catch_up = lambda mwb: (sync.forget(mwb), CAUGHT_UP)[1]
+
+        def draft(mwb):
+            raise Speculated
+
+        worker._draft_worker = types.SimpleNamespace(
+            draft_tp_context=lambda group: contextlib.nullcontext(),
+            draft_runner=types.SimpleNamespace(tp_group=None), draft=draft)
+        self.worker, self.switch = worker, worker.spec_switch
+        scheduler = object.__new__(Scheduler)
+        scheduler.draft_worker = worker
+        scheduler.init_request_dispatcher()
+        if entry:
+            idle = types.SimpleNamespace(recv_pyobj=_nothing_waiting)
+            scheduler.__dict__.update(
+                recv_skipper=None, pp_rank=0, attn_tp_rank=0, attn_cp_rank=0, max_recv_per_poll=-1,
+                recv_from_tokenizer=idle, recv_from_rpc=idle, input_blocker=None, tp_size=1,
+                server_args=types.SimpleNamespace(enable_dp_attention=False, language_only=False),
+                enable_trace=False)
+        self.scheduler = scheduler
+        self.batch = None
+        self.worker_batch = None
+        self.forward_ct = 0
+        self.kinds: list[str] = []
+
+    def decode_batch(self, batch_size: int):
+        """The running batch at this size, prefilled as SGLang prefills (the last one freed)."""
+        if self.batch is None or len(self.batch.reqs) != batch_size:
+            if self.batch is not None:
+                for req in self.batch.reqs:
+                    self.env.req_to_token_pool.free(req)
+                self.env.allocator.free(self.batch.out_cache_loc)
+            self.forward_ct += 1  # the requests' prefill ran between the decode steps
+            reqs = [make_req(f"s{self.forward_ct}r{i}", prompt_len=4 + i % 3) for i in range(batch_size)]
+            self.batch = prefilled_decode_batch(self.env, reqs, [100 + i for i in range(batch_size)],
+                                                overlap=True, topk=1)
+            self.worker_batch = self.batch.get_model_worker_batch()
+        return self.worker_batch
+
+    def step(self, batch_size: int, gpu: SimulatedGpu) -> None:
+        """One decode step: the decision, the simulated forward, the scheduler's report."""
+        speculative = False
+        try:
+            kind = self.worker.forward_batch_generation(self.decode_batch(batch_size)) or "plain"
+        except Speculated:
+            speculative, kind = True, "speculate"
+        self.kinds.append(kind)
+        seconds, accepted = gpu.step(speculative, batch_size, self.rng)
+        if kind == CAUGHT_UP:  # an extend over the positions decoded while off: a dear step
+            seconds *= 4
+        self.now += seconds
+        self.forward_ct += 1
+        self.switch.observe_step(self.forward_ct, batch_size, accepted, speculative)
+
+    def receive(self) -> list:
+        """The entry rank's request list for this iteration (nothing waits but the thresholds)."""
+        return self.scheduler.recv_requests()
+
+    def process(self, recv_reqs: list) -> None:
+        self.scheduler.process_input_requests(recv_reqs)
+
+
+def _nothing_waiting(flags=0):
+    raise zmq.ZMQError(zmq.EAGAIN)
+
+
+def serve(ranks: list[Rank], load: list[tuple[int, int]], gpu: SimulatedGpu) -> list[int]:
+    """Decode `steps` steps at each (batch size, steps); the thresholds after each phase."""
+    thresholds = []
+    for batch_size, steps in load:
+        for _ in range(steps):
+            recv_reqs = ranks[0].receive()  # broadcast: every rank processes the same list
+            for rank in ranks:
+                rank.process(list(recv_reqs))
+                rank.step(batch_size, gpu)
+        thresholds.append(ranks[0].switch.disable_batch_size)
+    return thresholds
+
+
+@pytest.fixture
+def rank(tmp_path, monkeypatch):
+    return Rank(v2_env(tmp_path, monkeypatch), seed=0, entry=True)
+
+
+def test_learns_the_crossover_from_the_prior(rank):
+    gpu = SimulatedGpu()
+    assert 28 < gpu.crossover() < 36  # above the prior of 8
+    thresholds = serve([rank], [(1, 300), (5, 300), (10, 600), (30, 600), (50, 600), (20, 600)], gpu)
+    assert thresholds[0] == 8  # the prior until a batch leaves it
+    assert abs(thresholds[-1] - gpu.crossover()) <= 2, (thresholds, gpu.crossover())
+
+
+def test_speculation_stops_where_plain_is_faster(rank):
+    gpu = SimulatedGpu(accept_length=1.3)  # a draft the traffic does not follow
+    assert gpu.crossover() < 1
+    thresholds = serve([rank], [(4, 600), (16, 600), (2, 600), (1, 600)], gpu)
+    assert thresholds[-1] == 0, thresholds
+    tail = rank.kinds[-400:]
+    assert tail.count("speculate") <= 0.03 * len(tail)  # probes only
+
+
+def test_speculation_stays_on_where_it_pays(rank):
+    gpu = SimulatedGpu(spec=(5e-3, 1e-4))  # speculation wins up to the cap
+    assert gpu.crossover() > CAP
+    thresholds = serve([rank], [(5, 300), (12, 600), (24, 600), (40, 600)], gpu)
+    assert thresholds[-1] >= 40
+    tail = rank.kinds[-400:]
+    assert tail.count("plain") <= 0.03 * len(tail)
+
+
+def test_threshold_follows_acceptance_mid_run(rank):
+    good, poor = SimulatedGpu(), SimulatedGpu(accept_length=2.0)
+    assert 5 < poor.crossover() < 10 < 20 < good.crossover()
+    before = serve([rank], [(10, 600), (30, 600), (20, 600)], good)
+    after = serve([rank], [(20, 800), (10, 800), (5, 800)], poor)
+    assert before[-1] >= 20 and abs(after[-1] - poor.crossover()) <= 2, (before, after)
+    assert rank.kinds[-300:].count("speculate") > 250  # at 5 it still pays
+
+
+def test_no_flapping_at_the_crossover(rank):
+    gpu = SimulatedGpu(noise=0.05)
+    at = round(gpu.crossover())
+    serve([rank], [(at - 10, 600), (at + 10, 600)], gpu)
+    changes_before = rank.switch.switches
+    serve([rank], [(at, 3000)], gpu)
+    # A side change costs a catch-up on the v2 worker: a handful over 3000 steps at most.
+    assert rank.switch.switches - changes_before <= 6
+
+
+def test_probing_is_bounded(rank):
+    from sglang.srt.speculative.spec_switch_auto import PROBE_SHARE, PROBE_STEPS
+
+    gpu = SimulatedGpu()
+    steps = 6000
+    serve([rank], [(60, steps // 2), (2, steps // 2)], gpu)
+    probes = rank.switch.auto.probes.probe_steps
+    assert 0 < probes <= PROBE_SHARE * steps + 2 * PROBE_STEPS
+
+
+def test_ranks_switch_at_the_same_steps(tmp_path, monkeypatch):
+    """Rank 1's clock runs differently (its own noise, a slower host): alone it would learn
+    other thresholds; with the entry rank's sent to both, every step is of the same kind."""
+    gpu = SimulatedGpu(noise=0.08)
+    load = [(5, 300), (12, 500), (30, 500), (18, 800), (24, 800)]
+    ranks = [Rank(v2_env(tmp_path / "r0", monkeypatch), seed=0, entry=True),
+             Rank(v2_env(tmp_path / "r1", monkeypatch), seed=1, entry=False)]
+    serve(ranks, load, gpu)
+    assert ranks[0].kinds == ranks[1].kinds
+    assert ranks[0].switch.status() == ranks[1].switch.status()
+    assert "plain" in ranks[0].kinds and "speculate" in ranks[0].kinds
+
+    # Each rank on its own measurements: the decisions part, which the broadcast prevents.
+    alone = [Rank(v2_env(tmp_path / f"a{i}", monkeypatch), seed=i, entry=True) for i in range(2)]
+    for rank_alone in alone:
+        serve([rank_alone], load, gpu)
+    assert alone[0].kinds != alone[1].kinds
+
+
+def _handle(tmp_path, **overrides):
+    from sglang_cpu import make_server_args, write_tiny_llama_config
+
+    args = make_server_args(write_tiny_llama_config(tmp_path / "m"), **overrides)
+    args._handle_speculative_switch()
+    return args
+
+
+def test_auto_bounds_the_learned_thresholds(tmp_path):
+    from sglang.srt.speculative.spec_switch import SpecSwitch
+
+    args = _handle(tmp_path, speculative_disable_batch_size="auto")
+    assert args.speculative_switch_auto
+    # The bounds size the graph sets: verify graphs up to the cap, plain-decode graphs from 1.
+    assert (args.speculative_disable_batch_size, args.speculative_enable_batch_size) == (64, 1)
+    switch = SpecSwitch.from_server_args(args)
+    assert (switch.disable_batch_size, switch.enable_batch_size) == (8, 6)  # the prior
+    args = _handle(tmp_path, speculative_disable_batch_size="auto", speculative_auto_max_batch_size=4,
+                   speculative_enable_batch_size="auto")
+    assert args.speculative_disable_batch_size == 4
+    assert SpecSwitch.from_server_args(args).disable_batch_size == 4
+    fixed = _handle(tmp_path, speculative_disable_batch_size=16)
+    assert not fixed.speculative_switch_auto and SpecSwitch.from_server_args(fixed).auto is None
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"speculative_disable_batch_size": "auto", "speculative_enable_batch_size": 4},
+         "leave --speculative-enable-batch-size out or set it to auto"),
+        ({"speculative_disable_batch_size": 8, "speculative_enable_batch_size": "auto"},
+         "needs --speculative-disable-batch-size auto"),
+        ({"speculative_disable_batch_size": 8, "speculative_auto_max_batch_size": 32},
+         "--speculative-auto-max-batch-size needs --speculative-disable-batch-size auto"),
+        ({"speculative_disable_batch_size": "auto", "speculative_auto_max_batch_size": 0},
+         "must be at least 1, got 0"),
+        ({"speculative_disable_batch_size": "auto", "enable_dp_attention": True},
+         "does not support --enable-dp-attention"),
+    ],
+)
+def test_bad_auto_arguments_are_refused(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        _handle(tmp_path, **overrides)
+
+
+def test_auto_is_a_command_line_value():
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(["--model-path", "m", "--speculative-disable-batch-size", "auto"])
+    assert args.speculative_disable_batch_size == "auto"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--model-path", "m", "--speculative-disable-batch-size", "many"])
+
+
+def test_learned_threshold_and_rates_reach_prometheus(rank):
+    from prometheus_client import REGISTRY
+    from sglang.srt.metrics.collector import SchedulerMetricsCollector
+    from sglang.srt.server_args import get_global_server_args
+
+    serve([rank], [(10, 400), (30, 400)], SimulatedGpu())
+    labels = {"model_name": "auto", "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
+              "moe_ep_rank": "0"}
+    collector = SchedulerMetricsCollector(labels=labels, server_args=get_global_server_args())
+    collector.log_spec_switch_auto(rank.switch)
+    assert REGISTRY.get_sample_value("sglang:spec_switch_threshold", labels) == rank.switch.disable_batch_size
+    buckets = rank.switch.auto.learner.buckets()
+    assert {b.lower for b in buckets} >= {10, 28}
+    for b in buckets:
+        spec = REGISTRY.get_sample_value("sglang:spec_switch_tokens_per_second",
+                                         {**labels, "batch_size": str(b.lower), "mode": "spec"})
+        assert spec == pytest.approx(b.spec)
+    assert "threshold=" in rank.switch.status()
