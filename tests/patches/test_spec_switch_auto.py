@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import pytest
 import zmq
+from sglang.srt.managers.utils import GenerationBatchResult
 
 from sglang_cpu import make_req, prefilled_decode_batch
 from switch_helpers import v2_env
@@ -122,7 +123,9 @@ class Rank:
             seconds *= 4
         self.now += seconds
         self.forward_ct += 1
-        self.switch.observe_step(self.forward_ct, batch_size, accepted, speculative)
+        result = GenerationBatchResult(num_accepted_tokens=accepted, spec_skipped=not speculative,
+                                       spec_catch_up=kind == CAUGHT_UP)
+        self.switch.observe_step(self.forward_ct, batch_size, result)
 
     def receive(self) -> list:
         """The entry rank's request list for this iteration (nothing waits but the thresholds)."""
@@ -200,13 +203,13 @@ def test_no_flapping_at_the_crossover(rank):
 
 
 def test_probing_is_bounded(rank):
-    from sglang.srt.speculative.spec_switch_auto import PROBE_SHARE, PROBE_STEPS
+    from sglang.srt.speculative.spec_switch_auto import COLD_DEBT, PROBE_SHARE, PROBE_STEPS
 
     gpu = SimulatedGpu()
     steps = 6000
     serve([rank], [(60, steps // 2), (2, steps // 2)], gpu)
     probes = rank.switch.auto.probes.probe_steps
-    assert 0 < probes <= PROBE_SHARE * steps + 2 * PROBE_STEPS
+    assert 0 < probes <= PROBE_SHARE * steps + 2 * PROBE_STEPS + COLD_DEBT
 
 
 def test_ranks_switch_at_the_same_steps(tmp_path, monkeypatch):
@@ -304,3 +307,29 @@ def test_learned_threshold_and_rates_reach_prometheus(rank):
                                          {**labels, "batch_size": str(b.lower), "mode": "spec"})
         assert spec == pytest.approx(b.spec)
     assert "threshold=" in rank.switch.status()
+
+
+def test_a_new_batch_size_is_measured_at_once(rank):
+    """The first visit to a batch size probes the other mode on credit: at C=1 the share was spent
+    on plain probes, and a batch of 10, above the prior, must not decode plain for hundreds of
+    steps before speculation is tried there."""
+    gpu = SimulatedGpu()
+    serve([rank], [(1, 600)], gpu)
+    assert serve([rank], [(10, 60)], gpu)[-1] >= 10
+    assert rank.kinds[-20:].count("speculate") >= 19
+
+
+def test_the_step_before_a_catch_up_is_not_a_plain_measurement():
+    """Under the overlap scheduler the catch-up's host work is launched inside the interval of the
+    plain step before it; that step, the catch-up and the first speculative step do not count."""
+    from sglang.srt.speculative.spec_switch_auto import StepCostLearner
+
+    now = [0.0]
+    learner = StepCostLearner(64, prior=8, clock=lambda: now[0])
+    steps = [(False, 5e-3)] * 6 + [(False, 60e-3), (None, 20e-3), (True, 9e-3)] + [(True, 9e-3)] * 6
+    for forward_ct, (speculative, seconds) in enumerate(steps, 1):
+        now[0] += seconds
+        learner.observe(forward_ct, 30, 40 if speculative else 0, speculative)
+    plain, spec = learner.rates[(28, False)], learner.rates[(28, True)]
+    assert plain.samples == 5 and plain.tokens_per_second == pytest.approx(30 / 5e-3)
+    assert spec.samples == 5 and spec.tokens_per_second == pytest.approx(70 / 9e-3)
