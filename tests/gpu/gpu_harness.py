@@ -142,6 +142,13 @@ def switch_spec(models: Models, worker: str, tp: int, *, disable: int = DISABLE,
                       dict(env))
 
 
+def auto_switch_spec(models: Models, worker: str, tp: int, extra: list[str] | None = None) -> ServerSpec:
+    """The worker with the switch's thresholds learned from its step costs (0014)."""
+    flags, env = WORKERS[worker]
+    return ServerSpec(models.target, models.draft, tp,
+                      common_flags() + flags + ["--speculative-disable-batch-size", "auto"] + (extra or []), dict(env))
+
+
 def always_spec(models: Models, worker: str, tp: int, extra: list[str] | None = None) -> ServerSpec:
     """The worker speculating at every batch size (no switch flags)."""
     flags, env = WORKERS[worker]
@@ -275,6 +282,10 @@ def _worker_run(ctx: dict[str, Any], prefix: str, make_spec: Callable[..., Serve
 
 def switch_run(ctx: dict[str, Any], worker: str, pair: str, backend: str | None = None) -> Run:
     return _worker_run(ctx, "switch", switch_spec, worker, pair, backend)
+
+
+def auto_switch_run(ctx: dict[str, Any], worker: str, pair: str, backend: str | None = None) -> Run:
+    return _worker_run(ctx, "switch-auto", auto_switch_spec, worker, pair, backend)
 
 
 def always_run(ctx: dict[str, Any], worker: str, pair: str, backend: str | None = None) -> Run:
