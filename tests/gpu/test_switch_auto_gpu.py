@@ -46,7 +46,7 @@ def random_prompts(n: int, seed: int = 0) -> list[str]:
 @pytest.mark.parametrize("worker", ["v2", "v1"])
 def test_threshold_falls_when_acceptance_does(ctx: dict[str, Any], worker: str) -> None:
     models = H.models_for("trained", ctx["fx"])
-    code = client.load_prompts()
+    code = ctx["fx"].prompts("trained") or client.load_prompts()
     n = CONCURRENCY * WAVES
     log = H.fresh_log(ctx["logs"], f"switch-auto-{worker}")
     thresholds: list[int | None] = []
