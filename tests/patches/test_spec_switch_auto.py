@@ -314,7 +314,8 @@ def test_a_new_batch_size_is_measured_at_once(rank):
     on plain probes, and a batch of 10, above the prior, must not decode plain for hundreds of
     steps before speculation is tried there."""
     gpu = SimulatedGpu()
-    serve([rank], [(1, 600)], gpu)
+    warm_up = [(size, 12) for size in (1, 2, 4, 8, 16, 32, 64)]  # as the benchmark warms a server up
+    serve([rank], [*warm_up, (1, 600)], gpu)
     assert serve([rank], [(10, 60)], gpu)[-1] >= 10
     assert rank.kinds[-20:].count("speculate") >= 19
 
@@ -333,3 +334,16 @@ def test_the_step_before_a_catch_up_is_not_a_plain_measurement():
     plain, spec = learner.rates[(28, False)], learner.rates[(28, True)]
     assert plain.samples == 5 and plain.tokens_per_second == pytest.approx(30 / 5e-3)
     assert spec.samples == 5 and spec.tokens_per_second == pytest.approx(70 / 9e-3)
+
+
+def test_one_bucket_on_the_wrong_side_does_not_cancel_the_others():
+    """One request's poor acceptance at a batch of 1 made that bucket lose on the H200, which
+    turned speculation off at every size while larger batches still gained from it."""
+    from sglang.srt.speculative.spec_switch_auto import fit_threshold
+
+    gains = [(1, -0.2), (5, 0.3), (10, 0.25), (30, -0.3)]
+    assert 10 <= fit_threshold(gains, prior=8) < 30
+    assert fit_threshold([(1, -0.2), (5, -0.1)], prior=8) == 0  # where every bucket loses
+    assert fit_threshold([(5, 0.3), (10, 0.2)], prior=8) == 10  # wins up to 10, nothing measured above
+    assert fit_threshold([(5, 0.3), (12, 0.2)], prior=16) == 16  # the prior above what was measured
+    assert fit_threshold([], prior=8) == 8
