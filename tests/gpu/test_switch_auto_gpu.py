@@ -1,8 +1,10 @@
 """The switch's learned thresholds on a GPU (0014, `--speculative-disable-batch-size auto`).
 
-On the trained pair the draft accepts most of what it proposes on the held-out code prompts and
-almost nothing on prompts of random characters, so speculation pays at a batch size on the first
-and not on the second. One server serves both in turn: its learned threshold must fall when the
+On the trained pair's 8B-shaped target the draft accepts most of what it proposes on the held-out
+code prompts and almost nothing on prompts of random characters, so speculation pays at a batch of
+CONCURRENCY on the first (on the H200 its steps gained over plain ones up to a batch of about 48)
+and not on the second. On the small target, at a batch of 8, the threshold stayed at 8 through
+both phases on the H200 (no change logged, v1 and v2), so the test uses the 8B-shaped one. One server serves both in turn: its learned threshold must fall when the
 traffic changes, with every request answered. On the Kimi-shaped exact pair (MLA, MoE), triton, the
 ramp must pass with `auto` as with fixed thresholds. The speed figures are the benchmark's
 (`switch-v2-auto`, `switch-v1-auto`).
@@ -24,7 +26,7 @@ import gpu_harness as H
 from gpu_harness import SUMMARY
 
 pytestmark = pytest.mark.gpu
-CONCURRENCY = 8
+CONCURRENCY = 24
 WAVES = 4
 SAMPLING = {"temperature": 0.0, "max_new_tokens": 256, "ignore_eos": True}
 CHANGE = re.compile(r"spec-switch: threshold (\d+) -> (\d+)")
@@ -45,7 +47,7 @@ def random_prompts(n: int, seed: int = 0) -> list[str]:
 
 @pytest.mark.parametrize("worker", ["v2", "v1"])
 def test_threshold_falls_when_acceptance_does(ctx: dict[str, Any], worker: str) -> None:
-    models = H.models_for("trained", ctx["fx"])
+    models = H.models_for("trained-gpu-bound", ctx["fx"])
     code = ctx["fx"].prompts("trained") or client.load_prompts()
     n = CONCURRENCY * WAVES
     log = H.fresh_log(ctx["logs"], f"switch-auto-{worker}")
@@ -57,7 +59,7 @@ def test_threshold_falls_when_acceptance_does(ctx: dict[str, Any], worker: str) 
             errors += lr.errors
             thresholds.append(parse_threshold(client.get_metrics(srv.url)))
     changes = [(int(a), int(b)) for a, b in CHANGE.findall(log.read_text(errors="replace"))]
-    SUMMARY.append(f"[switch auto {worker}, trained pair, C={CONCURRENCY}] threshold after code prompts "
+    SUMMARY.append(f"[switch auto {worker}, trained-gpu-bound pair, C={CONCURRENCY}] threshold after code prompts "
                    f"{thresholds[0]}, after random ones {thresholds[1]}; changes {changes}")
     assert not errors, errors[:3]
     on_code, on_random = thresholds
