@@ -132,7 +132,9 @@ class Rank:
         return self.scheduler.recv_requests()
 
     def process(self, recv_reqs: list) -> None:
-        self.scheduler.process_input_requests(recv_reqs)
+        """What process_input_requests does with each of them: SGLang's own dispatch."""
+        for recv_req in recv_reqs:
+            assert self.scheduler._request_dispatcher(recv_req) is None
 
 
 def _nothing_waiting(flags=0):
@@ -291,7 +293,10 @@ def test_auto_is_a_command_line_value():
 
 def test_learned_threshold_and_rates_reach_prometheus(rank):
     from prometheus_client import REGISTRY
-    from sglang.srt.metrics.collector import SchedulerMetricsCollector
+    try:
+        from sglang.srt.metrics.collector import SchedulerMetricsCollector
+    except ImportError:  # moved in v0.5.10
+        from sglang.srt.observability.metrics_collector import SchedulerMetricsCollector
     from sglang.srt.server_args import get_global_server_args
 
     serve([rank], [(10, 400), (30, 400)], SimulatedGpu())
