@@ -302,15 +302,20 @@ def test_learned_threshold_and_rates_reach_prometheus(rank):
     serve([rank], [(10, 400), (30, 400)], SimulatedGpu())
     labels = {"model_name": "auto", "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
               "moe_ep_rank": "0"}
+    before = set(REGISTRY._collector_to_names)
     collector = SchedulerMetricsCollector(labels=labels, server_args=get_global_server_args())
-    collector.log_spec_switch_auto(rank.switch)
-    assert REGISTRY.get_sample_value("sglang:spec_switch_threshold", labels) == rank.switch.disable_batch_size
-    buckets = rank.switch.auto.learner.buckets()
-    assert {b.lower for b in buckets} >= {10, 28}
-    for b in buckets:
-        spec = REGISTRY.get_sample_value("sglang:spec_switch_tokens_per_second",
-                                         {**labels, "batch_size": str(b.lower), "mode": "spec"})
-        assert spec == pytest.approx(b.spec)
+    try:
+        collector.log_spec_switch_auto(rank.switch)
+        assert REGISTRY.get_sample_value("sglang:spec_switch_threshold", labels) == rank.switch.disable_batch_size
+        buckets = rank.switch.auto.learner.buckets()
+        assert {b.lower for b in buckets} >= {10, 28}
+        for b in buckets:
+            spec = REGISTRY.get_sample_value("sglang:spec_switch_tokens_per_second",
+                                             {**labels, "batch_size": str(b.lower), "mode": "spec"})
+            assert spec == pytest.approx(b.spec)
+    finally:  # the collector registers SGLang's metrics globally; other tests make their own
+        for added in set(REGISTRY._collector_to_names) - before:
+            REGISTRY.unregister(added)
     assert "threshold=" in rank.switch.status()
 
 
