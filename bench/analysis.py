@@ -8,30 +8,14 @@ runs for batches of at most N requests. Hysteresis: speculation comes back on at
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
-if TYPE_CHECKING:  # bench.results imports Recommendation from here: its records are for types only
+from bench.recommendation import Recommendation
+
+if TYPE_CHECKING:
     from bench.results import LevelRecord, RateKey
 
 HYSTERESIS = 0.75
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    kind: str  # "crossover" | "never" | "always" | "insufficient"
-    crossover: float | None  # interpolated concurrency where spec/no-spec = 1
-    disable_batch_size: int | None
-    enable_batch_size: int | None
-    flags: str  # exact server flags to add ("" when none; for "never" the fallback if speculation must stay)
-    message: str
-    ratios: dict[int, float] = field(default_factory=dict)  # spec / no-spec per level
-    notes: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["ratios"] = {str(k): v for k, v in self.ratios.items()}
-        return d
 
 
 def switch_flags(disable: int, enable: int) -> str:

@@ -25,7 +25,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.cli import BenchUsageError
+from bench.errors import BenchUsageError
 from bench.logparse import before_profile, parse_log
 from bench.results import read_results
 

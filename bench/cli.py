@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench import client, fixtures, profile, report
+from bench import client, fixtures, profile, report, report_cli
 from bench.analysis import hysteresis
 from bench.arguments import FULL_LEVELS, QUICK_LEVELS, parse
 from bench.configs import (
@@ -28,6 +28,7 @@ from bench.configs import (
     repeated,
     write_off_above_tiers,
 )
+from bench.errors import BenchError, BenchUsageError
 from bench.fixtures import FixtureError
 from bench.logparse import captured_graph_sets, parse_log, parse_metrics, parse_threshold
 from bench.releases import configs_for_tree, recommended_flags
@@ -53,14 +54,6 @@ from bench.server import (
     missing_server_args,
     resolve_tree,
 )
-
-
-class BenchError(RuntimeError):
-    """A run that cannot go on (exit 1)."""
-
-
-class BenchUsageError(BenchError):
-    """Arguments that name nothing usable (exit 2)."""
 
 
 def say(msg: str) -> None:
@@ -375,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] == "report":
-            return report.main(argv[1:])
+            return report_cli.main(argv[1:])
         if argv and argv[0] == "boundaries":
             from bench import boundaries
 

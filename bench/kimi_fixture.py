@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import tokenizer
+from bench.synthetic import FixtureParams, build_draft
+
 GENERATOR_VERSION = 1
 KIMI_PAIRS = {"kimi-exact": ("target-kimi-exact", "draft-kimi-exact"),
               "kimi-random": ("target-kimi-random", "draft-kimi-random")}
@@ -188,12 +191,10 @@ def _write_target(out: Path, p: KimiParams, vocab: int, media_pad_id: int, exact
 
 def build(tmp: Path, p: KimiParams, quiet: bool) -> dict[str, Any]:
     """The Kimi-shaped set into tmp; returns the manifest."""
-    from bench import fixtures, tokenizer
-
     tokdir = tmp / "tokenizer"
     vocab = tokenizer.build_tokenizer(tokdir, p.vocab, tokenizer.tokenizer_text(p.seed), extra_special=[MEDIA_PAD])
     media_pad_id = len(tokenizer.SPECIAL_TOKENS)
-    draft = fixtures.FixtureParams(hidden=p.hidden, heads=p.draft_heads, kv_heads=p.draft_kv_heads,
+    draft = FixtureParams(hidden=p.hidden, heads=p.draft_heads, kv_heads=p.draft_kv_heads,
                                    intermediate=p.draft_intermediate, max_positions=p.max_positions,
                                    init_std=p.init_std, lm_head_scale=p.lm_head_scale)
     embed = None
@@ -203,6 +204,6 @@ def build(tmp: Path, p: KimiParams, quiet: bool) -> dict[str, Any]:
                   f"L={p.layers}, V={vocab})", file=sys.stderr)
         target_embed = _write_target(tmp / f"target-kimi-{kind}", p, vocab, media_pad_id, exact, seed)
         embed = target_embed if exact else embed
-        fixtures.build_draft(tmp / f"draft-kimi-{kind}", draft, vocab, embed, exact, seed + 2)
+        build_draft(tmp / f"draft-kimi-{kind}", draft, vocab, embed, exact, seed + 2)
     tokenizer.copy_tokenizer(tokdir, tmp, KIMI_PAIRS)
     return {"params": dataclasses.asdict(p), "key": p.key(), "kind": "kimi", "vocab": vocab, "pairs": KIMI_PAIRS}

@@ -5,12 +5,10 @@ results.json layout is documented at the top of bench/results.py.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import json
 import statistics
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ from bench.configs import AGAIN, BASELINE_NOSPEC, BASELINE_SPEC, declared_refere
 from bench.learned import learned_lines
 from bench.logparse import decode_throughput_by_batch_size
 from bench.profile import markdown as profile_markdown
-from bench.results import Analysis, ConfigRecord, LevelRecord, RateKey, RunResults, read_results
+from bench.results import Analysis, ConfigRecord, LevelRecord, RateKey, RunResults
 
 RATIO_TARGET = 0.95
 
@@ -317,53 +315,3 @@ def write_all(run: RunResults, out: Path, plot: bool = True) -> tuple[Analysis, 
         "md": write_markdown(run, analysis, out / "results.md"),
         "png": write_plot(run, analysis, out / "throughput.png") if plot else None,
     }
-
-
-def main(argv: list[str]) -> int:
-    """`python -m bench report`."""
-    ap = argparse.ArgumentParser(prog="python -m bench report", description="merge results and redo table/plot/recommendation")
-    ap.add_argument("inputs", nargs="+", type=Path, help="results.json files or folders holding one")
-    ap.add_argument("--out", type=Path, default=None, help="default: the first input's folder")
-    ap.add_argument("--logs", type=Path, default=None,
-                    help="folder of server logs (<config>.log) to take decode-step rates from")
-    ap.add_argument("--split", metavar="TITLE", default=None,
-                    help="the inputs are parts of one sweep, each with its own nospec: write split.md and "
-                         "split.png (each ratio taken inside its own run) to --out instead of merging")
-    args = ap.parse_args(argv)
-    parts = []
-    for p in args.inputs:
-        f = p / "results.json" if p.is_dir() else p
-        if not f.is_file():
-            print(f"bench report: no results at {f}", file=sys.stderr)
-            return 2
-        parts.append(read_results(f)[0])  # the analysis is redone from the merged configs
-    out = args.out or (args.inputs[0] if args.inputs[0].is_dir() else args.inputs[0].parent)
-    if args.split is not None:
-        return _write_split(args.inputs, parts, out, args.split)
-    out.mkdir(parents=True, exist_ok=True)
-    results = merge(*parts)
-    if args.logs:
-        missing = [n for n in results.configs if not (args.logs / f"{n}.log").is_file()]
-        if missing:
-            print(f"bench report: no server log for {', '.join(missing)} in {args.logs}", file=sys.stderr)
-            return 2
-        results.configs = {name: with_decode_rates(c, (args.logs / f"{name}.log").read_text(errors="replace"))
-                           for name, c in results.configs.items()}
-    analysis, paths = write_all(results, out, plot=True)
-    print(markdown(results, analysis))
-    print("wrote " + ", ".join(str(p) for p in paths.values() if p), file=sys.stderr)
-    return 0
-
-
-def _write_split(inputs: list[Path], parts: list[RunResults], out: Path, title: str) -> int:
-    from bench import split_runs  # it builds on this module's analysis and plot axis
-    labels = [(p if p.is_dir() else p.parent).name for p in inputs]
-    if len(set(labels)) != len(labels):
-        print(f"bench report --split: the runs are told apart by their folders' names, and these repeat: "
-              f"{', '.join(labels)}; give each run its own folder name", file=sys.stderr)
-        return 2
-    written = split_runs.write([split_runs.Part(lbl, run, analyse(run)) for lbl, run in zip(labels, parts, strict=True)],
-                               out, title)
-    print((out / "split.md").read_text(encoding="utf-8"))
-    print("wrote " + ", ".join(map(str, written)), file=sys.stderr)
-    return 0

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from bench.analysis import Recommendation
 from bench.logparse import Counters, GraphSet
 from bench.profile import ProfileSummary, ProfileWindow
+from bench.recommendation import Recommendation
 from bench.results_fields import (
     Fields,
     ResultsError,

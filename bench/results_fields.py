@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import fields
 from typing import Any, TypeVar
 
-from bench.analysis import Recommendation
 from bench.logparse import GraphSet
+from bench.recommendation import Recommendation
 
 T = TypeVar("T")
 

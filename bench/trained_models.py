@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.eagle3_draft import DraftShape, Eagle3Draft, checkpoint_tensors
-from bench.trained import TrainedParams, captured_layers
+from bench.trained_params import TrainedParams, captured_layers
 
 
 def llama_config(params: TrainedParams, vocab: int, layers: int, intermediate: int | None = None) -> Any:

@@ -13,7 +13,7 @@ import pytest
 
 from bench import fixtures
 from bench.corpus import CorpusError, code_corpus, code_prompts, source_files
-from bench.trained import TrainedParams, TrainingError, captured_layers
+from bench.trained_params import TrainedParams, TrainingError, captured_layers
 
 TOY = TrainedParams(hidden=64, heads=4, kv_heads=2, intermediate=128, draft_intermediate=64, vocab=300,
                     corpus_bytes=300_000, seq_len=64, batch=8, target_steps=80, draft_steps=40, target_lr=3e-3,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bench import fixtures
-from bench.trained import TrainedParams
+from bench.trained_params import TrainedParams
 
 import gpu_harness as H
 from gpu_harness import SUMMARY
