@@ -16,6 +16,7 @@ between two flushes is one level (the warm-up before the first is dropped, and s
 level's first decode line). A profile after the levels is cut off where the server starts its
 profiler, which leaves the start of a full-batch profile's wave in the last level.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,6 +37,7 @@ _PREFILL = re.compile(r"Prefill batch\b.*?#new-token:\s*(?P<new>\d+),\s*#cached-
 @dataclass(frozen=True)
 class LevelLog:
     """One level's part of a server log (rank 0)."""
+
     concurrency: int
     steady_s: tuple[float, ...]  # steady decode intervals at bs = C, seconds each
     after_prefill_s: tuple[float, ...]  # intervals at bs = C that follow a prefill
@@ -64,8 +66,11 @@ def level_log(part: str, concurrency: int, steps_per_line: int, first: bool = Fa
     rank0 = parse_log(part).get(0)
     decode = rank0.decode[1 if first else 0 :] if rank0 else []
     # (seconds of the interval, whether it held decode steps only) of each line at bs = C
-    at_c = [(steps_per_line * concurrency / d.gen_tok_per_s, d.steady)
-            for d in decode if d.batch_size == concurrency and d.gen_tok_per_s]
+    at_c = [
+        (steps_per_line * concurrency / d.gen_tok_per_s, d.steady)
+        for d in decode
+        if d.batch_size == concurrency and d.gen_tok_per_s
+    ]
     prefills = [m for m in map(_PREFILL.search, part.splitlines()) if m]
     return LevelLog(
         concurrency=concurrency,
@@ -80,17 +85,22 @@ def level_log(part: str, concurrency: int, steps_per_line: int, first: bool = Fa
 
 
 def markdown(config: str, levels: list[LevelLog], steps_per_line: int) -> list[str]:
-    out = [f"`{config}`:", "",
-           f"| C | steady {steps_per_line}-step intervals at bs = C: n, median s | after a prefill, s | "
-           "decode lines below C (least bs) | prefill batches: n, new / cached tokens | switch turns |",
-           "|---|---|---|---|---|---|"]
+    out = [
+        f"`{config}`:",
+        "",
+        f"| C | steady {steps_per_line}-step intervals at bs = C: n, median s | after a prefill, s | "
+        "decode lines below C (least bs) | prefill batches: n, new / cached tokens | switch turns |",
+        "|---|---|---|---|---|---|",
+    ]
     for lv in levels:
         steady = f"{len(lv.steady_s)}, {statistics.median(lv.steady_s):.4f}" if lv.steady_s else "0"
         after = ", ".join(f"{s:.3f}" for s in lv.after_prefill_s)
         smaller = f"{len(lv.smaller_batches)} ({min(lv.smaller_batches)})" if lv.smaller_batches else "0"
         turns = ", ".join(f"{d} at {bs}" for d, bs in lv.turns)
-        out.append(f"| {lv.concurrency} | {steady} | {after} | {smaller} | "
-                   f"{lv.prefills}, {lv.new_tokens} / {lv.cached_tokens} | {turns} |")
+        out.append(
+            f"| {lv.concurrency} | {steady} | {after} | {smaller} | "
+            f"{lv.prefills}, {lv.new_tokens} / {lv.cached_tokens} | {turns} |"
+        )
     return out + [""]
 
 
@@ -116,8 +126,12 @@ def main(argv: list[str]) -> int:
     """`python -m bench boundaries`; errors go to bench.cli.main, which maps them to exit codes."""
     ap = argparse.ArgumentParser(prog="python -m bench boundaries", description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, help="a run's folder (results.json) or its results.json")
-    ap.add_argument("--logs", type=Path, default=None,
-                    help="the servers' logs (<config>.log), a folder or the .tgz the device sent back; default RUN/logs")
+    ap.add_argument(
+        "--logs",
+        type=Path,
+        default=None,
+        help="the servers' logs (<config>.log), a folder or the .tgz the device sent back; default RUN/logs",
+    )
     ap.add_argument("--decode-log-interval", type=int, default=40, help="the servers' (default %(default)s)")
     args = ap.parse_args(argv)
     path = args.run / "results.json" if args.run.is_dir() else args.run
@@ -129,8 +143,10 @@ def main(argv: list[str]) -> int:
     for name, config in run.configs.items():
         levels = [lv.concurrency for lv in config.levels]
         parts = level_parts(read_log(logs, name), len(levels))
-        logs_by_level = [level_log(p, c, args.decode_log_interval, first=i == 0)
-                         for i, (p, c) in enumerate(zip(parts, levels, strict=True))]
+        logs_by_level = [
+            level_log(p, c, args.decode_log_interval, first=i == 0)
+            for i, (p, c) in enumerate(zip(parts, levels, strict=True))
+        ]
         out += markdown(name, logs_by_level, args.decode_log_interval)
     print("\n".join(out))
     return 0

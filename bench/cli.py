@@ -1,10 +1,11 @@
 """`python -m bench`: throughput against concurrency for several server configurations.
 
-    python -m bench [--quick] [--configs nospec,spec,switch-v1,switch-v2] [--out DIR] ...
-    python -m bench report RESULTS.json|DIR [...] [--out DIR] [--logs DIR]
-                                                   # merge runs, redo table/plot/recommendation
-    python -m bench fixtures [...]                              # build the test models (bench.fixtures)
+python -m bench [--quick] [--configs nospec,spec,switch-v1,switch-v2] [--out DIR] ...
+python -m bench report RESULTS.json|DIR [...] [--out DIR] [--logs DIR]
+                                               # merge runs, redo table/plot/recommendation
+python -m bench fixtures [...]                              # build the test models (bench.fixtures)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,6 +64,7 @@ def say(msg: str) -> None:
 @dataclass(frozen=True)
 class RunSettings:
     """What each config's sweep does, fixed once from the command line (the --quick defaults applied)."""
+
     levels: tuple[int, ...]
     num_requests: int  # per level, at least waves x the level
     waves: int
@@ -87,12 +89,20 @@ class RunSettings:
             levels=tuple(args.concurrency or (QUICK_LEVELS if quick else FULL_LEVELS)),
             num_requests=args.num_requests if args.num_requests is not None else (10 if quick else 30),
             waves=args.waves if args.waves is not None else (1 if quick else 3),
-            max_new_tokens=args.max_new_tokens or (128 if quick else 512), temperature=args.temperature,
-            ignore_eos=not args.no_ignore_eos, tp=args.tp, max_running_requests=args.max_running_requests,
-            extra_flags=args.extra_flags, switch_thresholds=args.switch_thresholds,
-            thresholds_from=args.thresholds_from, profile_at=tuple(args.profile_at or ()), profile_steps=args.profile_steps,
-            profile_window=profile.ProfileWindow(args.profile_window), keep_traces=args.keep_traces,
-            freeze_gc=args.freeze_gc)
+            max_new_tokens=args.max_new_tokens or (128 if quick else 512),
+            temperature=args.temperature,
+            ignore_eos=not args.no_ignore_eos,
+            tp=args.tp,
+            max_running_requests=args.max_running_requests,
+            extra_flags=args.extra_flags,
+            switch_thresholds=args.switch_thresholds,
+            thresholds_from=args.thresholds_from,
+            profile_at=tuple(args.profile_at or ()),
+            profile_steps=args.profile_steps,
+            profile_window=profile.ProfileWindow(args.profile_window),
+            keep_traces=args.keep_traces,
+            freeze_gc=args.freeze_gc,
+        )
 
     @property
     def sampling(self) -> dict[str, Any]:
@@ -102,6 +112,7 @@ class RunSettings:
 @dataclass(frozen=True)
 class RunTarget:
     """What the configs' servers serve and are sent, and where the run writes."""
+
     tree: Path
     model: str
     draft: str | None
@@ -119,8 +130,10 @@ def _switch_thresholds(cfg: Config, settings: RunSettings, results: RunResults) 
     src = read_results(settings.thresholds_from)[1] if settings.thresholds_from else report.analyse(results)
     rec = src.recommendations.get(cfg.baseline) or src.recommendation
     if not rec or rec.kind == "insufficient":
-        raise BenchError(f"{cfg.name} needs thresholds: run {BASELINE_NOSPEC} and {cfg.baseline} (or {BASELINE_SPEC}) "
-                         "first in the same run, or pass --switch-thresholds N,M or --thresholds-from results.json")
+        raise BenchError(
+            f"{cfg.name} needs thresholds: run {BASELINE_NOSPEC} and {cfg.baseline} (or {BASELINE_SPEC}) "
+            "first in the same run, or pass --switch-thresholds N,M or --thresholds-from results.json"
+        )
     if rec.kind == "always":  # never switch off within the sweep
         n = max(settings.levels)
         return n, hysteresis(n)
@@ -148,7 +161,11 @@ def requests_for_level(num_requests: int, waves: int, concurrency: int) -> int:
 
 def server_flags(cfg: Config, settings: RunSettings, results: RunResults, out: Path) -> list[str]:
     """The server flags a config runs with in this run (thresholds and tier file resolved; the tier file written to out)."""
-    flags = base_flags() + list(cfg.flags) + ["--enable-metrics", "--max-running-requests", str(settings.max_running_requests)]
+    flags = (
+        base_flags()
+        + list(cfg.flags)
+        + ["--enable-metrics", "--max-running-requests", str(settings.max_running_requests)]
+    )
     if cfg.switch:
         n, m = _switch_thresholds(cfg, settings, results)
         say(f"[{cfg.name}] thresholds: disable above {n}, enable at <= {m}")
@@ -164,15 +181,23 @@ def server_flags(cfg: Config, settings: RunSettings, results: RunResults, out: P
 
 def refuse_unsupported(cfgs: list[Config], tree: Path) -> None:
     """Every config's flags must exist in the tree's SGLang (ours need the series, upstream's 0.5.11+)."""
-    problems = [f"{c.name} needs {', '.join('--' + n.replace('_', '-') for n in missing)}"
-                for c in cfgs if (missing := missing_server_args(tree, c.server_args_needed()))]
-    problems += [f"{c.name} needs {', '.join(missing)} (environment)"
-                 for c in cfgs if (missing := missing_environ(tree, list(c.env_needed)))]
+    problems = [
+        f"{c.name} needs {', '.join('--' + n.replace('_', '-') for n in missing)}"
+        for c in cfgs
+        if (missing := missing_server_args(tree, c.server_args_needed()))
+    ]
+    problems += [
+        f"{c.name} needs {', '.join(missing)} (environment)"
+        for c in cfgs
+        if (missing := missing_environ(tree, list(c.env_needed)))
+    ]
     if problems:
-        raise BenchUsageError(f"the SGLang in {tree} lacks what these configs need: {'; '.join(problems)}. "
-                              "Leave them out of --configs, or point --tree at a tree that has them (the "
-                              "switch configs need this series' v0.5.9 line; adaptive-* need SGLang 0.5.11+, "
-                              "adaptive-v2-off-skip 0.5.14+, adaptive-v2-off-plain* this series' v0.5.15 line).")
+        raise BenchUsageError(
+            f"the SGLang in {tree} lacks what these configs need: {'; '.join(problems)}. "
+            "Leave them out of --configs, or point --tree at a tree that has them (the "
+            "switch configs need this series' v0.5.9 line; adaptive-* need SGLang 0.5.11+, "
+            "adaptive-v2-off-skip 0.5.14+, adaptive-v2-off-plain* this series' v0.5.15 line)."
+        )
 
 
 def run_config(cfg: Config, settings: RunSettings, target: RunTarget, results: RunResults) -> None:
@@ -199,8 +224,10 @@ def run_config(cfg: Config, settings: RunSettings, target: RunTarget, results: R
     log_text = log.read_text(errors="replace")
     ranks = parse_log(log_text)
     results.configs[cfg.name] = replace(
-        report.with_decode_rates(entry, log_text), graph_sets=tuple(captured_graph_sets(log_text)),
-        log_counters={r: (SwitchCounters.of(rl.counters) if rl.counters else None) for r, rl in ranks.items()})
+        report.with_decode_rates(entry, log_text),
+        graph_sets=tuple(captured_graph_sets(log_text)),
+        log_counters={r: (SwitchCounters.of(rl.counters) if rl.counters else None) for r, rl in ranks.items()},
+    )
 
 
 def _run_levels(name: str, url: str, settings: RunSettings, target: RunTarget, results: RunResults) -> ConfigRecord:
@@ -231,22 +258,41 @@ def _run_level(name: str, url: str, c: int, settings: RunSettings, target: RunTa
     if after is not None:
         counters = SwitchCounters.of(after).minus(SwitchCounters.of(before) if before else SwitchCounters(0, 0, 0))
     errors = lr.errors[:5] + ([f"... {len(lr.errors)} errors"] if len(lr.errors) > 5 else [])
-    say(("\r" if tty else "") + f"[{name}] C={c:>3} n={n:>3}: {lr.tok_per_s:9.1f} tok/s  wall {lr.wall_s:6.1f}s"
+    say(
+        ("\r" if tty else "")
+        + f"[{name}] C={c:>3} n={n:>3}: {lr.tok_per_s:9.1f} tok/s  wall {lr.wall_s:6.1f}s"
         + (f"  counters {counters.to_json()}" if counters is not None else "")
-        + (f"  threshold {threshold}" if threshold is not None else "") + (f"  ERRORS {len(lr.errors)}: {lr.errors[0]}" if lr.errors else ""))
-    return LevelRecord(concurrency=c, requests=n, output_tokens=lr.output_tokens, wall_s=round(lr.wall_s, 3),
-                       tok_per_s=round(lr.tok_per_s, 1), errors=tuple(errors), counters=counters,
-                       wave_tok_per_s=tuple(round(w, 1) for w in lr.wave_tok_per_s()),
-                       wave_send_spread_s=tuple(round(s, 4) for s in lr.wave_send_spread_s()),
-                       switch_threshold=threshold)
+        + (f"  threshold {threshold}" if threshold is not None else "")
+        + (f"  ERRORS {len(lr.errors)}: {lr.errors[0]}" if lr.errors else "")
+    )
+    return LevelRecord(
+        concurrency=c,
+        requests=n,
+        output_tokens=lr.output_tokens,
+        wall_s=round(lr.wall_s, 3),
+        tok_per_s=round(lr.tok_per_s, 1),
+        errors=tuple(errors),
+        counters=counters,
+        wave_tok_per_s=tuple(round(w, 1) for w in lr.wave_tok_per_s()),
+        wave_send_spread_s=tuple(round(s, 4) for s in lr.wave_send_spread_s()),
+        switch_threshold=threshold,
+    )
 
 
 def _profile(name: str, url: str, c: int, settings: RunSettings, target: RunTarget, log: Path) -> ProfileRecord:
     traces = target.out / "profiles" / name / f"c{c}"
     window = settings.profile_window
     try:
-        summary = profile.profile_level(url, target.prompts_for_level(c, offset=c), c, settings.sampling,
-                                        out_dir=traces, log_path=log, num_steps=settings.profile_steps, window=window)
+        summary = profile.profile_level(
+            url,
+            target.prompts_for_level(c, offset=c),
+            c,
+            settings.sampling,
+            out_dir=traces,
+            log_path=log,
+            num_steps=settings.profile_steps,
+            window=window,
+        )
     except profile.ProfileError as e:
         say(f"[{name}] profile at C={c} failed: {e}")
         return ProfileRecord(c, error=str(e), window=window)
@@ -283,12 +329,21 @@ def _target(args: argparse.Namespace, tree: Path, out: Path) -> RunTarget:
 
 def _meta(args: argparse.Namespace, settings: RunSettings, target: RunTarget, imported: str) -> dict[str, Any]:
     return {
-        "model": target.model, "draft_model": target.draft, "fixture_preset": None if args.model else args.fixture_preset,
-        "tp": settings.tp, "levels": ",".join(map(str, settings.levels)),
-        "num_requests": settings.num_requests, "waves": settings.waves, "max_new_tokens": settings.max_new_tokens,
-        "temperature": settings.temperature, "prompts": target.prompts_file, "sglang": imported,
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "extra_flags": settings.extra_flags,
-        **({"freeze_gc": True} if settings.freeze_gc else {})}
+        "model": target.model,
+        "draft_model": target.draft,
+        "fixture_preset": None if args.model else args.fixture_preset,
+        "tp": settings.tp,
+        "levels": ",".join(map(str, settings.levels)),
+        "num_requests": settings.num_requests,
+        "waves": settings.waves,
+        "max_new_tokens": settings.max_new_tokens,
+        "temperature": settings.temperature,
+        "prompts": target.prompts_file,
+        "sglang": imported,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "extra_flags": settings.extra_flags,
+        **({"freeze_gc": True} if settings.freeze_gc else {}),
+    }
 
 
 def run(argv: list[str]) -> int:
@@ -311,20 +366,26 @@ def run(argv: list[str]) -> int:
     imported = check_tree(tree, require_switch=any(c.switch for c in cfgs))
     target = _target(args, tree, out)
     results = RunResults(meta=_meta(args, settings, target, imported))
-    say(f"bench: {len(cfgs)} config(s) x levels {list(settings.levels)}, max({settings.num_requests}, "
-        f"{settings.waves} x C) requests, {settings.max_new_tokens} new tokens -> {out}")
+    say(
+        f"bench: {len(cfgs)} config(s) x levels {list(settings.levels)}, max({settings.num_requests}, "
+        f"{settings.waves} x C) requests, {settings.max_new_tokens} new tokens -> {out}"
+    )
     failed = _run_configs(cfgs, settings, target, results, args.time_budget)
     analysis, paths = _save(results, out, plot=True)
     print(report.markdown(results, analysis))
     for line in recommended_flags(analysis, tree, out):
         print(line)
-    say("wrote " + ", ".join(str(p) for p in paths.values() if p)
-        + ("" if paths["png"] else " (no plot: matplotlib is not installed; `python -m bench report` it elsewhere)"))
+    say(
+        "wrote "
+        + ", ".join(str(p) for p in paths.values() if p)
+        + ("" if paths["png"] else " (no plot: matplotlib is not installed; `python -m bench report` it elsewhere)")
+    )
     return 1 if failed else 0
 
 
-def _run_configs(cfgs: list[Config], settings: RunSettings, target: RunTarget, results: RunResults,
-                 time_budget: float | None) -> list[str]:
+def _run_configs(
+    cfgs: list[Config], settings: RunSettings, target: RunTarget, results: RunResults, time_budget: float | None
+) -> list[str]:
     """Run each config in turn (saving after each); the names of those that failed or were skipped."""
     t_start, failed = time.monotonic(), []
     durations: list[float] = []
@@ -359,8 +420,10 @@ def budget_verdict(budget: float | None, elapsed: float, durations: list[float])
     if left <= 0:
         return f"time budget of {budget:.0f}s spent"
     if durations and left < min(durations):
-        return (f"{left:.0f}s of the {budget:.0f}s time budget left, and no config so far took less than "
-                f"{min(durations):.0f}s")
+        return (
+            f"{left:.0f}s of the {budget:.0f}s time budget left, and no config so far took less than "
+            f"{min(durations):.0f}s"
+        )
     return None
 
 

@@ -1,4 +1,5 @@
 """Load generation over SGLang's plain HTTP API (`/generate`, `/metrics`, `/flush_cache`)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -39,8 +40,10 @@ def apply_chat_template(prompts: list[str], model: str) -> list[str]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
-    return [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-            for p in prompts]
+    return [
+        tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+        for p in prompts
+    ]
 
 
 @dataclass
@@ -69,12 +72,19 @@ def _result(prompt: str, status: int, text: str, latency: float) -> Result:
         return Result(prompt, latency=latency, error=f"{type(e).__name__}: {e}")
     meta = d.get("meta_info", {})
     ids = d.get("output_ids") or []
-    return Result(prompt, text=d.get("text", ""), output_ids=list(ids),
-                  completion_tokens=int(meta.get("completion_tokens", len(ids))), latency=latency, meta=meta)
+    return Result(
+        prompt,
+        text=d.get("text", ""),
+        output_ids=list(ids),
+        completion_tokens=int(meta.get("completion_tokens", len(ids))),
+        latency=latency,
+        meta=meta,
+    )
 
 
-async def _generate_async(url: str, prompt: str, sampling: dict[str, Any], timeout: float,
-                          extra: dict[str, Any] | None) -> Result:
+async def _generate_async(
+    url: str, prompt: str, sampling: dict[str, Any], timeout: float, extra: dict[str, Any] | None
+) -> Result:
     t0 = time.perf_counter()
     try:
         status, body = await post_json(url, "/generate", _request(prompt, sampling, extra), timeout)
@@ -128,21 +138,36 @@ class LevelRun:
         return [max(r.started for r in w) - min(r.started for r in w) for w in self._waves()]
 
 
-def run_level(url: str, prompts: list[str], concurrency: int, sampling: dict[str, Any], *,
-              extra: dict[str, Any] | None = None, timeout: float = 600.0,
-              on_done: Callable[[int, int], None] | None = None,
-              extra_by_prompt: dict[str, dict[str, Any]] | None = None) -> LevelRun:
+def run_level(
+    url: str,
+    prompts: list[str],
+    concurrency: int,
+    sampling: dict[str, Any],
+    *,
+    extra: dict[str, Any] | None = None,
+    timeout: float = 600.0,
+    on_done: Callable[[int, int], None] | None = None,
+    extra_by_prompt: dict[str, dict[str, Any]] | None = None,
+) -> LevelRun:
     """Send every prompt, at most `concurrency` in flight (closed loop: a request is sent as one
     finishes, in the prompts' order); time the whole level.
 
     extra_by_prompt: request fields for some prompts only, over `extra`."""
-    return asyncio.run(_run_level(url, prompts, concurrency, sampling, extra or {}, timeout, on_done,
-                                  extra_by_prompt or {}))
+    return asyncio.run(
+        _run_level(url, prompts, concurrency, sampling, extra or {}, timeout, on_done, extra_by_prompt or {})
+    )
 
 
-async def _run_level(url: str, prompts: list[str], concurrency: int, sampling: dict[str, Any],
-                     extra: dict[str, Any], timeout: float, on_done: Callable[[int, int], None] | None,
-                     by_prompt: dict[str, dict[str, Any]]) -> LevelRun:
+async def _run_level(
+    url: str,
+    prompts: list[str],
+    concurrency: int,
+    sampling: dict[str, Any],
+    extra: dict[str, Any],
+    timeout: float,
+    on_done: Callable[[int, int], None] | None,
+    by_prompt: dict[str, dict[str, Any]],
+) -> LevelRun:
     results: list[Result | None] = [None] * len(prompts)
     pending = iter(range(len(prompts)))
     done = 0
@@ -187,8 +212,10 @@ def freeze_gc(url: str) -> None:
     except requests.RequestException as e:
         raise ClientError(f"--freeze-gc: POST {url}/freeze_gc failed: {e}") from None
     if r.status_code != 200:
-        raise ClientError(f"--freeze-gc: POST {url}/freeze_gc answered {r.status_code} {r.text[:200]!r}: this "
-                          "SGLang has no /freeze_gc; run without --freeze-gc")
+        raise ClientError(
+            f"--freeze-gc: POST {url}/freeze_gc answered {r.status_code} {r.text[:200]!r}: this "
+            "SGLang has no /freeze_gc; run without --freeze-gc"
+        )
 
 
 def is_healthy(url: str) -> bool:

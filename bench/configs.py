@@ -1,17 +1,42 @@
 """Server configurations the benchmark compares."""
+
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-EAGLE_V1 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
-            "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16"]
-EAGLE_V2 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
-            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+EAGLE_V1 = [
+    "--speculative-algorithm",
+    "EAGLE3",
+    "--speculative-num-steps",
+    "3",
+    "--speculative-eagle-topk",
+    "4",
+    "--speculative-num-draft-tokens",
+    "16",
+]
+EAGLE_V2 = [
+    "--speculative-algorithm",
+    "EAGLE3",
+    "--speculative-num-steps",
+    "3",
+    "--speculative-eagle-topk",
+    "1",
+    "--speculative-num-draft-tokens",
+    "4",
+]
 # "2-3 tok reduced speculation"
-EAGLE_V1_S2 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "2",
-               "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"]
+EAGLE_V1_S2 = [
+    "--speculative-algorithm",
+    "EAGLE3",
+    "--speculative-num-steps",
+    "2",
+    "--speculative-eagle-topk",
+    "1",
+    "--speculative-num-draft-tokens",
+    "3",
+]
 V2_ENV = {"SGLANG_ENABLE_SPEC_V2": "1"}
 # The switch's learned thresholds (0014); the cap is its default, named so a tree without it is refused.
 AUTO_SWITCH = ["--speculative-disable-batch-size", "auto", "--speculative-auto-max-batch-size", "64"]
@@ -53,51 +78,113 @@ class Config:
         return list(dict.fromkeys(names))
 
 
-CONFIGS: dict[str, Config] = {c.name: c for c in [
-    Config("nospec", [], help="plain decoding"),
-    # The v1 speculative worker runs without SGLang's overlap scheduler; this baseline separates
-    # that cost from the cost of the switch's fallback step.
-    Config("nospec-nooverlap", ["--disable-overlap-schedule"],
-           help="plain decoding without the overlap scheduler (what the v1 worker runs under)"),
-    Config("spec", EAGLE_V1, help="always EAGLE-3, v1 worker, topk 4, 3 steps, 16 draft tokens"),
-    Config("switch-v1", EAGLE_V1, switch=True, compare_to=("nospec", "spec"),
-           help="v1 EAGLE-3 with the dynamic switch"),
-    Config("switch-v1-auto", EAGLE_V1 + AUTO_SWITCH, compare_to=("nospec", "spec"),
-           help="v1 EAGLE-3 with the switch's thresholds learned from measured step costs"),
-    Config("spec-v2", EAGLE_V2, V2_ENV, help="always EAGLE-3, v2 (overlap) worker, topk 1, 3 steps, 4 draft tokens"),
-    Config("switch-v2", EAGLE_V2, V2_ENV, switch=True, compare_to=("nospec", "spec-v2"), baseline="spec-v2",
-           help="v2 EAGLE-3 with the dynamic switch"),
-    Config("switch-v2-auto", EAGLE_V2 + AUTO_SWITCH, V2_ENV, compare_to=("nospec", "spec-v2"),
-           help="v2 EAGLE-3 with the switch's thresholds learned from measured step costs"),
-    # Upstream's load-based speculation (SGLang 0.5.11+; v2 worker, topk 1), to compare with ours.
-    Config("adaptive-v2", EAGLE_V2 + ["--speculative-adaptive"], compare_to=("nospec", "spec-v2"), since="v0.5.11",
-           help="upstream --speculative-adaptive, its default tiers (SGLang 0.5.11+)"),
-    Config("adaptive-v2-off", EAGLE_V2 + ["--speculative-adaptive"], adaptive_tiers=True,
-           compare_to=("nospec", "spec-v2"), baseline="spec-v2", since="v0.5.11",
-           help="upstream --speculative-adaptive with a tier file: 3 steps up to N, 0 above (SGLang 0.5.11+)"),
-    # The same with upstream's switch that leaves the draft out of a steps=0 batch: the cheapest
-    # steps=0 step upstream has, at the cost of a stale draft after it (0.5.14+).
-    Config("adaptive-v2-off-skip", EAGLE_V2 + ["--speculative-adaptive"],
-           {SKIP_ZERO_STEP_DRAFT_EXTEND: "1"}, adaptive_tiers=True, compare_to=("nospec", "spec-v2"),
-           baseline="spec-v2", since="v0.5.14", env_needed=(SKIP_ZERO_STEP_DRAFT_EXTEND,),
-           help=f"adaptive-v2-off with {SKIP_ZERO_STEP_DRAFT_EXTEND}=1: no draft extend in a steps=0 batch "
-                "(SGLang 0.5.14+)"),
-    # Our fallback under upstream's tiers (the v0.5.15 line's plain-decode patch): a steps=0 batch is a
-    # plain DECODE on DECODE graphs, with upstream's draft extend after it, or without it (-skip).
-    Config("adaptive-v2-off-plain", EAGLE_V2 + ["--speculative-adaptive"],
-           {ZERO_STEP_PLAIN_DECODE: "1"}, adaptive_tiers=True, compare_to=("nospec", "spec-v2"),
-           baseline="spec-v2", since="v0.5.15", env_needed=(ZERO_STEP_PLAIN_DECODE,),
-           help=f"adaptive-v2-off with {ZERO_STEP_PLAIN_DECODE}=1: a steps=0 batch runs as a plain decode "
-                "(the v0.5.15 line's plain-decode patch)"),
-    Config("adaptive-v2-off-plain-skip", EAGLE_V2 + ["--speculative-adaptive"],
-           {ZERO_STEP_PLAIN_DECODE: "1", SKIP_ZERO_STEP_DRAFT_EXTEND: "1"}, adaptive_tiers=True,
-           compare_to=("nospec", "spec-v2"), baseline="spec-v2", since="v0.5.15",
-           env_needed=(ZERO_STEP_PLAIN_DECODE, SKIP_ZERO_STEP_DRAFT_EXTEND),
-           help="adaptive-v2-off-plain without the draft extend in a steps=0 batch"),
-    Config("spec-s2", EAGLE_V1_S2, help="reduced: v1, topk 1, 2 steps, 3 draft tokens"),
-    Config("switch-s2", EAGLE_V1_S2, switch=True, compare_to=("nospec", "spec-s2"), baseline="spec-s2",
-           help="reduced v1 speculation with the switch"),
-]}
+CONFIGS: dict[str, Config] = {
+    c.name: c
+    for c in [
+        Config("nospec", [], help="plain decoding"),
+        # The v1 speculative worker runs without SGLang's overlap scheduler; this baseline separates
+        # that cost from the cost of the switch's fallback step.
+        Config(
+            "nospec-nooverlap",
+            ["--disable-overlap-schedule"],
+            help="plain decoding without the overlap scheduler (what the v1 worker runs under)",
+        ),
+        Config("spec", EAGLE_V1, help="always EAGLE-3, v1 worker, topk 4, 3 steps, 16 draft tokens"),
+        Config(
+            "switch-v1", EAGLE_V1, switch=True, compare_to=("nospec", "spec"), help="v1 EAGLE-3 with the dynamic switch"
+        ),
+        Config(
+            "switch-v1-auto",
+            EAGLE_V1 + AUTO_SWITCH,
+            compare_to=("nospec", "spec"),
+            help="v1 EAGLE-3 with the switch's thresholds learned from measured step costs",
+        ),
+        Config(
+            "spec-v2", EAGLE_V2, V2_ENV, help="always EAGLE-3, v2 (overlap) worker, topk 1, 3 steps, 4 draft tokens"
+        ),
+        Config(
+            "switch-v2",
+            EAGLE_V2,
+            V2_ENV,
+            switch=True,
+            compare_to=("nospec", "spec-v2"),
+            baseline="spec-v2",
+            help="v2 EAGLE-3 with the dynamic switch",
+        ),
+        Config(
+            "switch-v2-auto",
+            EAGLE_V2 + AUTO_SWITCH,
+            V2_ENV,
+            compare_to=("nospec", "spec-v2"),
+            help="v2 EAGLE-3 with the switch's thresholds learned from measured step costs",
+        ),
+        # Upstream's load-based speculation (SGLang 0.5.11+; v2 worker, topk 1), to compare with ours.
+        Config(
+            "adaptive-v2",
+            EAGLE_V2 + ["--speculative-adaptive"],
+            compare_to=("nospec", "spec-v2"),
+            since="v0.5.11",
+            help="upstream --speculative-adaptive, its default tiers (SGLang 0.5.11+)",
+        ),
+        Config(
+            "adaptive-v2-off",
+            EAGLE_V2 + ["--speculative-adaptive"],
+            adaptive_tiers=True,
+            compare_to=("nospec", "spec-v2"),
+            baseline="spec-v2",
+            since="v0.5.11",
+            help="upstream --speculative-adaptive with a tier file: 3 steps up to N, 0 above (SGLang 0.5.11+)",
+        ),
+        # The same with upstream's switch that leaves the draft out of a steps=0 batch: the cheapest
+        # steps=0 step upstream has, at the cost of a stale draft after it (0.5.14+).
+        Config(
+            "adaptive-v2-off-skip",
+            EAGLE_V2 + ["--speculative-adaptive"],
+            {SKIP_ZERO_STEP_DRAFT_EXTEND: "1"},
+            adaptive_tiers=True,
+            compare_to=("nospec", "spec-v2"),
+            baseline="spec-v2",
+            since="v0.5.14",
+            env_needed=(SKIP_ZERO_STEP_DRAFT_EXTEND,),
+            help=f"adaptive-v2-off with {SKIP_ZERO_STEP_DRAFT_EXTEND}=1: no draft extend in a steps=0 batch "
+            "(SGLang 0.5.14+)",
+        ),
+        # Our fallback under upstream's tiers (the v0.5.15 line's plain-decode patch): a steps=0 batch is a
+        # plain DECODE on DECODE graphs, with upstream's draft extend after it, or without it (-skip).
+        Config(
+            "adaptive-v2-off-plain",
+            EAGLE_V2 + ["--speculative-adaptive"],
+            {ZERO_STEP_PLAIN_DECODE: "1"},
+            adaptive_tiers=True,
+            compare_to=("nospec", "spec-v2"),
+            baseline="spec-v2",
+            since="v0.5.15",
+            env_needed=(ZERO_STEP_PLAIN_DECODE,),
+            help=f"adaptive-v2-off with {ZERO_STEP_PLAIN_DECODE}=1: a steps=0 batch runs as a plain decode "
+            "(the v0.5.15 line's plain-decode patch)",
+        ),
+        Config(
+            "adaptive-v2-off-plain-skip",
+            EAGLE_V2 + ["--speculative-adaptive"],
+            {ZERO_STEP_PLAIN_DECODE: "1", SKIP_ZERO_STEP_DRAFT_EXTEND: "1"},
+            adaptive_tiers=True,
+            compare_to=("nospec", "spec-v2"),
+            baseline="spec-v2",
+            since="v0.5.15",
+            env_needed=(ZERO_STEP_PLAIN_DECODE, SKIP_ZERO_STEP_DRAFT_EXTEND),
+            help="adaptive-v2-off-plain without the draft extend in a steps=0 batch",
+        ),
+        Config("spec-s2", EAGLE_V1_S2, help="reduced: v1, topk 1, 2 steps, 3 draft tokens"),
+        Config(
+            "switch-s2",
+            EAGLE_V1_S2,
+            switch=True,
+            compare_to=("nospec", "spec-s2"),
+            baseline="spec-s2",
+            help="reduced v1 speculation with the switch",
+        ),
+    ]
+}
 DEFAULT_CONFIGS = ["nospec", "spec", "spec-v2", "switch-v1", "switch-v2"]
 # A line without the switch (v0.5.15, v0.5.23): upstream's load-based speculation where it exists
 # (0.5.11+), with the tier file that turns it off above the crossover this run measures.
@@ -127,8 +214,7 @@ def repeated(cfgs: list[Config], name: str) -> Config:
     first = [c for c in cfgs if c.name == name]
     if not first:
         raise ValueError(f"--repeat {name}: not one of the run's configs ({', '.join(c.name for c in cfgs)})")
-    return replace(first[0], name=name + AGAIN, compare_to=(name,),
-                   help=f"{name} again, for the run-to-run noise")
+    return replace(first[0], name=name + AGAIN, compare_to=(name,), help=f"{name} again, for the run-to-run noise")
 
 
 def num_steps(cfg: Config) -> int:

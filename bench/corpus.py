@@ -5,6 +5,7 @@ are taken in sorted order of their path relative to the root, and the text stops
 The default root is the running Python's standard library (the same files on every machine with
 the same Python release); test suites are left out, as they are mostly data and fixtures.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,8 +38,9 @@ def default_root() -> Path:
 
 def source_files(root: Path) -> list[Path]:
     """Every .py file under root outside the skipped folders, sorted by relative path."""
-    found = [p for p in root.rglob("*.py") if p.is_file()
-             and not SKIPPED_DIRS.intersection(p.relative_to(root).parts[:-1])]
+    found = [
+        p for p in root.rglob("*.py") if p.is_file() and not SKIPPED_DIRS.intersection(p.relative_to(root).parts[:-1])
+    ]
     return sorted(found, key=lambda p: p.relative_to(root).as_posix())
 
 
@@ -92,5 +94,7 @@ def code_prompts(text: str, count: int, lines: int = 6, max_chars: int = 400) ->
             out.append(snippet)
         if len(out) == count:
             return out
-    raise CorpusError(f"code prompts: the text gives {len(out)} distinct snippets, fewer than the {count} asked: "
-                      "raise corpus_bytes or lower the count")
+    raise CorpusError(
+        f"code prompts: the text gives {len(out)} distinct snippets, fewer than the {count} asked: "
+        "raise corpus_bytes or lower the count"
+    )

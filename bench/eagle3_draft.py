@@ -13,6 +13,7 @@ next token after it. Draft step k (k >= 2) then runs at position p+k-1 on its ow
 attends to the extend's keys at positions <= p and to its own keys of steps 2..k. The loss at step
 k is the cross entropy against the target's distribution there, weighted by ``decay ** (k-1)``.
 """
+
 from __future__ import annotations
 
 import math
@@ -164,13 +165,15 @@ class Eagle3Draft(nn.Module):
 @dataclass(frozen=True)
 class DraftBatch:
     """One batch for the unrolled loss: token embeddings per step, features, target log-probs per step."""
+
     embeds: list[torch.Tensor]
     features: torch.Tensor
     target_logprobs: list[torch.Tensor]
 
 
-def make_batch(tokens: torch.Tensor, embed: nn.Module, features: torch.Tensor, target_logits: torch.Tensor,
-               steps: int) -> DraftBatch:
+def make_batch(
+    tokens: torch.Tensor, embed: nn.Module, features: torch.Tensor, target_logits: torch.Tensor, steps: int
+) -> DraftBatch:
     """tokens [B, T]; features [B, T, 3H] (captured at each position); target_logits [B, T, V] (the
     target's prediction of the token after each position). Anchors p = 0 .. T-steps-1."""
     a = tokens.shape[1] - steps

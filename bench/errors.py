@@ -1,4 +1,5 @@
 """The benchmark's failures, mapped to exit codes by bench.cli.main."""
+
 from __future__ import annotations
 
 

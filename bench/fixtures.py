@@ -15,6 +15,7 @@ Deterministic for a seed; cached under ``<root>/<hash of parameters>/``.
 CLI: ``python -m bench.fixtures [--root DIR] [--preset tiny|gpu-bound] [--hidden 512] [--layers 8] ...``
 prints the folder.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,9 @@ AnyParams = Union[FixtureParams, TrainedParams, KimiParams]
 # pair only, to halve the disk and time. "gpu-bound-deep" doubles its layers (14B parameters, 28 GB)
 # with the same one-layer draft: what the draft sync of a fallback step costs should then halve, as
 # it would shrink further next to a large MoE target.
-_GPU_BOUND = FixtureParams(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336,
-                           device="cuda", random_pair=False)
+_GPU_BOUND = FixtureParams(
+    hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, device="cuda", random_pair=False
+)
 # "trained" (bench.trained): a target trained on a code corpus and a draft trained on it, with the
 # Llama-3-8B width; "trained-gpu-bound" is the same set's 32-layer target (pass-through layers after
 # the trained ones), whose step costs what an 8B model's does and whose outputs are the small one's.
@@ -111,8 +113,10 @@ class Fixtures:
     def pair(self, kind: str) -> tuple[Path, Path]:
         pairs = self.pairs()
         if kind not in pairs:
-            raise FixtureError(f"{self.root} has no {kind} pair, only {', '.join(sorted(pairs))}: use one of "
-                               "those, or the preset that generates it")
+            raise FixtureError(
+                f"{self.root} has no {kind} pair, only {', '.join(sorted(pairs))}: use one of "
+                "those, or the preset that generates it"
+            )
         target, draft = pairs[kind]
         return self.root / target, self.root / draft
 
@@ -127,8 +131,10 @@ def _build_synthetic(tmp: Path, params: FixtureParams, quiet: bool) -> dict[str,
         if not exact and not params.random_pair:
             continue
         if not quiet:
-            print(f"fixtures: writing {name} (H={params.hidden}, L={params.layers}, V={vocab}, "
-                  f"on {params.device})", file=sys.stderr)
+            print(
+                f"fixtures: writing {name} (H={params.hidden}, L={params.layers}, V={vocab}, on {params.device})",
+                file=sys.stderr,
+            )
         target_embed = build_target(tmp / name, params, vocab, exact, seed)
         if exact:
             embed = target_embed
@@ -225,8 +231,12 @@ def _param_flags(ap: argparse.ArgumentParser) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.fixtures", description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", type=Path, default=None, help=f"cache root (default $SGL_FIXTURE_DIR or {DEFAULT_ROOT})")
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
-                    help="starting parameters, changed by the options below (default %(default)s)")
+    ap.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="tiny",
+        help="starting parameters, changed by the options below (default %(default)s)",
+    )
     names = _param_flags(ap)
     ap.add_argument("--json", action="store_true", help="print the model paths as JSON")
     args = ap.parse_args(argv)

@@ -8,6 +8,7 @@ that lands in every wave boundary of the measured server (docs/measurements.md, 
 One connection per request (`Connection: close`), its reply read as long as it says it is, is all
 SGLang's HTTP server needs.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -68,8 +69,10 @@ async def post_json(url: str, path: str, body: dict[str, Any], timeout: float) -
     """POST body as JSON to url + path; the reply's status and body. Raises OSError or TimeoutError."""
     host, port, target = _target(url, path)
     data = json.dumps(body).encode()
-    request = (f"POST {target} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-               f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode() + data
+    request = (
+        f"POST {target} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+    ).encode() + data
 
     async def exchange() -> tuple[int, bytes]:
         reader, writer = await asyncio.open_connection(host, port)

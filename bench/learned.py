@@ -5,6 +5,7 @@ The switch learns from its own step costs, so the crossover to compare it with i
 one (each level's steady decode rate, no prefill in the interval); the output-rate crossover, which
 also holds each wave's start, is shown beside it.
 """
+
 from __future__ import annotations
 
 from bench.analysis import Recommendation, recommend, series
@@ -20,8 +21,7 @@ def learned_lines(run: RunResults) -> list[str]:
         if not learned:
             continue
         cells = ", ".join(f"C={c}: {t}" for c, t in learned)
-        out.append(f"- `{name}` learned threshold at the end of each level: {cells}; "
-                   + _crossovers(run, name, cfg))
+        out.append(f"- `{name}` learned threshold at the end of each level: {cells}; " + _crossovers(run, name, cfg))
     return out + [""] if out else []
 
 
@@ -31,13 +31,18 @@ def _crossovers(run: RunResults, name: str, cfg: ConfigRecord) -> str:
     if nospec is None or spec is None or spec not in run.configs:
         return "no nospec and always-speculating reference in this run to compare with."
     keys: tuple[tuple[str, RateKey], ...] = (("decode step", "decode_tok_per_s"), ("output", "tok_per_s"))
-    found = [f"{label} {_crossover_text(recommend(series(nospec.levels, key), series(run.configs[spec].levels, key)))}"
-             for label, key in keys]
+    found = [
+        f"{label} {_crossover_text(recommend(series(nospec.levels, key), series(run.configs[spec].levels, key)))}"
+        for label, key in keys
+    ]
     return f"the run's crossover of `{spec}` and `nospec`: " + ", ".join(found) + "."
 
 
 def _crossover_text(rec: Recommendation) -> str:
     if rec.kind == "crossover" and rec.crossover is not None:
         return f"C~{rec.crossover:.1f}"
-    return {"always": "none (speculation wins at every level)", "never": "below the lowest level",
-            "insufficient": "not measured"}.get(rec.kind, rec.kind)
+    return {
+        "always": "none (speculation wins at every level)",
+        "never": "below the lowest level",
+        "insufficient": "not measured",
+    }.get(rec.kind, rec.kind)

@@ -13,6 +13,7 @@ Tolerant of small format changes. Recognised:
   target's own set) or ``Capture plain-decode cuda graph ... end`` (the plain-decode graphs patch's set), with their
   ``Time elapsed: X s`` and ``mem usage=Y GB``.
 """
+
 from __future__ import annotations
 
 import re
@@ -21,16 +22,22 @@ from dataclasses import dataclass, field
 _RANK = re.compile(r"\bTP(\d+)\b")
 _STATE = re.compile(
     r"spec[-_ ]switch:?\s*on[=:]\s*(?P<on>\w+)\W+spec[_ ]steps[=:]\s*(?P<spec>\d+)\W+"
-    r"fallback[_ ]steps[=:]\s*(?P<fb>\d+)\W+switches[=:]\s*(?P<sw>\d+)", re.I)
-_STATE_ALT = re.compile(r"spec steps:\s*(?P<spec>\d+),\s*fallback steps:\s*(?P<fb>\d+),\s*switches:\s*(?P<sw>\d+)", re.I)
+    r"fallback[_ ]steps[=:]\s*(?P<fb>\d+)\W+switches[=:]\s*(?P<sw>\d+)",
+    re.I,
+)
+_STATE_ALT = re.compile(
+    r"spec steps:\s*(?P<spec>\d+),\s*fallback steps:\s*(?P<fb>\d+),\s*switches:\s*(?P<sw>\d+)", re.I
+)
 _EVENT = re.compile(r"speculation\s+(?P<dir>OFF|ON)\s+at\s+bs\s*=\s*(?P<bs>\d+)", re.I)
 _DECODE = re.compile(r"Decode batch\b.*?#running-req:\s*(?P<bs>\d+)", re.I)
 _GRAPH = re.compile(r"cuda graph:\s*(?P<g>True|False)", re.I)
 _GEN = re.compile(r"gen throughput \(token/s\):\s*(?P<t>[\d.]+)", re.I)
 _ACCEPT_LEN = re.compile(r"accept len:\s*(?P<a>[\d.]+)", re.I)
 _CAPTURE_BS = re.compile(r"Capture cuda graph bs \[(?P<bs>[\d,\s]*)\]")
-_CAPTURE_END = re.compile(r"Capture (?P<plain>plain-decode )?cuda graph\b.*?\bend\b.*?Time elapsed:\s*(?P<s>[\d.]+)\s*s"
-                          r".*?mem usage=\s*(?P<gb>[-\d.]+)\s*GB")
+_CAPTURE_END = re.compile(
+    r"Capture (?P<plain>plain-decode )?cuda graph\b.*?\bend\b.*?Time elapsed:\s*(?P<s>[\d.]+)\s*s"
+    r".*?mem usage=\s*(?P<gb>[-\d.]+)\s*GB"
+)
 _METRIC = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{[^}]*\})?\s+(?P<val>[-+0-9.eEinfNa]+)\s*$")
 PROFILING = "Profiling starts"  # SGLang's log line when /start_profile begins
 METRIC_KEYS = {"spec_steps": "spec_steps", "fallback_steps": "fallback_steps", "switches": "switches"}
@@ -141,9 +148,18 @@ def parse_log(text: str) -> dict[int, RankLog]:
             bs = int(d_m.group("bs"))
             steady = bool(rl.decode) and rl.decode[-1].batch_size == bs and r not in prefilled
             prefilled.discard(r)
-            rl.decode.append(DecodeLine(r, bs, _bool(g.group("g")) if g else None, on, line,
-                                        float(t.group("t")) if t else None, steady,
-                                        float(a.group("a")) if a else None))
+            rl.decode.append(
+                DecodeLine(
+                    r,
+                    bs,
+                    _bool(g.group("g")) if g else None,
+                    on,
+                    line,
+                    float(t.group("t")) if t else None,
+                    steady,
+                    float(a.group("a")) if a else None,
+                )
+            )
         if own_state is not None:
             state[r] = own_state
     return ranks

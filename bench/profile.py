@@ -8,6 +8,7 @@ level's time goes that a full batch's steps do not show. The figure that matters
 speculation switch is how long the GPU sits idle: a step bound by the server's CPU work (scheduling,
 batch preparation, kernel launches) leaves gaps between kernels that a faster GPU cannot close.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -108,10 +109,15 @@ def summarize(trace: dict[str, Any], note: str = "") -> ProfileSummary:
                 outer.setdefault(e.get("name", "?"), []).append(float(e["dur"]))
                 covered_until = float(e["ts"]) + float(e["dur"])
     return ProfileSummary(
-        window_ms=round(window, 3), gpu_busy_ms=round(busy, 3),
+        window_ms=round(window, 3),
+        gpu_busy_ms=round(busy, 3),
         gpu_idle_fraction=round(1.0 - busy / window, 4) if window > 0 else 0.0,
-        kernels=len(gpu), top_cpu_ops=_ranked(outer), top_kernels=_ranked(kernels),
-        top_runtime_calls=_ranked(runtime), note=note)
+        kernels=len(gpu),
+        top_cpu_ops=_ranked(outer),
+        top_kernels=_ranked(kernels),
+        top_runtime_calls=_ranked(runtime),
+        note=note,
+    )
 
 
 def _decode_seen(log_path: Path, offset: int, batch_size: int) -> bool:
@@ -122,15 +128,16 @@ def _decode_seen(log_path: Path, offset: int, batch_size: int) -> bool:
     return any(d.batch_size == batch_size for rl in parse_log(text).values() for d in rl.decode)
 
 
-def _wait_for_full_batch(level: threading.Thread, log_path: Path, offset: int, concurrency: int,
-                         wait_s: float) -> str:
+def _wait_for_full_batch(level: threading.Thread, log_path: Path, offset: int, concurrency: int, wait_s: float) -> str:
     """Until the log shows a decode batch of `concurrency`; a note when it did not in wait_s."""
     deadline = time.monotonic() + wait_s
     while not _decode_seen(log_path, offset, concurrency):
         if not level.is_alive():
             # Started now, the profiler would wait for steps that never come.
-            raise ProfileError(f"the wave ended before the server logged a decode batch of {concurrency}; "
-                               "send more tokens (--max-new-tokens)")
+            raise ProfileError(
+                f"the wave ended before the server logged a decode batch of {concurrency}; "
+                "send more tokens (--max-new-tokens)"
+            )
         if time.monotonic() > deadline:
             return f"no decode batch of {concurrency} logged within {wait_s:.0f} s; profiled whatever ran"
         time.sleep(0.2)
@@ -138,8 +145,13 @@ def _wait_for_full_batch(level: threading.Thread, log_path: Path, offset: int, c
 
 
 def _start_profiler(url: str, out_dir: Path, num_steps: int) -> None:
-    body: dict[str, Any] = {"output_dir": str(out_dir), "num_steps": num_steps, "activities": ["CPU", "GPU"],
-                            "with_stack": False, "record_shapes": False}
+    body: dict[str, Any] = {
+        "output_dir": str(out_dir),
+        "num_steps": num_steps,
+        "activities": ["CPU", "GPU"],
+        "with_stack": False,
+        "record_shapes": False,
+    }
     try:
         r = requests.post(url + "/start_profile", json=body, timeout=60)
     except requests.RequestException as e:
@@ -148,9 +160,19 @@ def _start_profiler(url: str, out_dir: Path, num_steps: int) -> None:
         raise ProfileError(f"/start_profile answered HTTP {r.status_code}: {r.text[:300]}")
 
 
-def profile_level(url: str, prompts: list[str], concurrency: int, sampling: dict[str, Any], *, out_dir: Path,
-                  log_path: Path, num_steps: int = 40, window: ProfileWindow = ProfileWindow.FULL_BATCH,
-                  wait_s: float = 120.0, trace_wait_s: float = 60.0) -> ProfileSummary:
+def profile_level(
+    url: str,
+    prompts: list[str],
+    concurrency: int,
+    sampling: dict[str, Any],
+    *,
+    out_dir: Path,
+    log_path: Path,
+    num_steps: int = 40,
+    window: ProfileWindow = ProfileWindow.FULL_BATCH,
+    wait_s: float = 120.0,
+    trace_wait_s: float = 60.0,
+) -> ProfileSummary:
     """Profile `num_steps` steps of a level of `concurrency`: at its full batch, or from its start."""
     out_dir.mkdir(parents=True, exist_ok=True)
     before = set(out_dir.glob("*.trace.json*"))
@@ -171,16 +193,21 @@ def profile_level(url: str, prompts: list[str], concurrency: int, sampling: dict
         if new:
             return summarize(load_trace(new[-1]), note)
         if time.monotonic() > deadline:
-            raise ProfileError(f"no rank-0 trace appeared in {out_dir} within {trace_wait_s:.0f} s "
-                               f"(num_steps={num_steps}: the level may have ended first; send more tokens)")
+            raise ProfileError(
+                f"no rank-0 trace appeared in {out_dir} within {trace_wait_s:.0f} s "
+                f"(num_steps={num_steps}: the level may have ended first; send more tokens)"
+            )
         time.sleep(0.5)
 
 
-def markdown(name: str, concurrency: int, p: dict[str, Any],
-             window: ProfileWindow = ProfileWindow.FULL_BATCH) -> list[str]:
+def markdown(
+    name: str, concurrency: int, p: dict[str, Any], window: ProfileWindow = ProfileWindow.FULL_BATCH
+) -> list[str]:
     where = f"C={concurrency}" + (", the wave's first steps" if window is ProfileWindow.WAVE_START else "")
-    lines = [f"- `{name}` at {where}: GPU idle **{100 * p['gpu_idle_fraction']:.0f}%** of "
-             f"{p['window_ms']:.1f} ms ({p['kernels']} GPU events)" + (f"; {p['note']}" if p.get("note") else "")]
+    lines = [
+        f"- `{name}` at {where}: GPU idle **{100 * p['gpu_idle_fraction']:.0f}%** of "
+        f"{p['window_ms']:.1f} ms ({p['kernels']} GPU events)" + (f"; {p['note']}" if p.get("note") else "")
+    ]
     cpu = ", ".join(f"{n} {ms:.1f} ms x{c}" for n, ms, c in p["top_cpu_ops"][:5])
     gpu = ", ".join(f"{n[:60]} {ms:.1f} ms x{c}" for n, ms, c in p["top_kernels"][:3])
     runtime = ", ".join(f"{n} {ms:.1f} ms x{c}" for n, ms, c in p.get("top_runtime_calls", [])[:4])

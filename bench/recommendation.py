@@ -1,5 +1,6 @@
 """The record of where speculation stops paying and the switch thresholds to use (bench.analysis
 computes it, bench.results stores it)."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

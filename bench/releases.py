@@ -1,5 +1,6 @@
 """What the benchmark offers and recommends on a tree, by what its SGLang release has: this series'
 switch (the v0.5.9 line) or upstream's --speculative-adaptive (0.5.11+, the later lines)."""
+
 from __future__ import annotations
 
 import statistics
@@ -22,8 +23,11 @@ from bench.server import missing_environ, missing_server_args, tree_has_switch
 def configs_for_tree(tree: Path) -> list[str]:
     """The default configs for what the tree's SGLang has: the switch, or upstream's adaptive mode
     (with our plain-decode steps=0 beside upstream's where the tree carries it)."""
-    return default_configs(tree_has_switch(tree), not missing_server_args(tree, ["speculative_adaptive"]),
-                           not missing_environ(tree, [ZERO_STEP_PLAIN_DECODE]))
+    return default_configs(
+        tree_has_switch(tree),
+        not missing_server_args(tree, ["speculative_adaptive"]),
+        not missing_environ(tree, [ZERO_STEP_PLAIN_DECODE]),
+    )
 
 
 def recommended_flags(analysis: Analysis, tree: Path, out: Path) -> list[str]:
@@ -44,8 +48,11 @@ def recommended_flags(analysis: Analysis, tree: Path, out: Path) -> list[str]:
         return [f"spec-v2 against nospec: {v2.message}", *fastest_off_variant(analysis)]
     n, steps = v2.disable_batch_size, num_steps(CONFIGS["spec-v2"])
     tiers = write_off_above_tiers(out / "recommended-tiers.json", n, steps)
-    return [f"recommended server flags (upstream's adaptive speculation: {steps} steps up to a decode batch of {n}, "
-            f"none above): --speculative-adaptive --speculative-adaptive-config {tiers}", *fastest_off_variant(analysis)]
+    return [
+        f"recommended server flags (upstream's adaptive speculation: {steps} steps up to a decode batch of {n}, "
+        f"none above): --speculative-adaptive --speculative-adaptive-config {tiers}",
+        *fastest_off_variant(analysis),
+    ]
 
 
 def _mean_over(ratios: Mapping[str, Mapping[int, float]], names: list[str]) -> tuple[list[int], dict[str, float]]:
@@ -68,8 +75,11 @@ def fastest_off_variant(analysis: Analysis) -> list[str]:
     best = max(means, key=lambda name: means[name])
     lead = means[best] - max(v for name, v in means.items() if name != best)
     env = " ".join(f"{k}={v}" for k, v in CONFIGS[best].env.items()) or "no environment variable"
-    line = (f"steps=0 variants, mean output tok/s / max(nospec, spec-v2) at C = {','.join(map(str, common))}: "
-            + ", ".join(f"{name} {means[name]:.3f}" for name in names) + f"; fastest {best} ({env}), ahead by {lead:.3f}")
+    line = (
+        f"steps=0 variants, mean output tok/s / max(nospec, spec-v2) at C = {','.join(map(str, common))}: "
+        + ", ".join(f"{name} {means[name]:.3f}" for name in names)
+        + f"; fastest {best} ({env}), ahead by {lead:.3f}"
+    )
     again = analysis.ratios.get(BASELINE_NOSPEC + AGAIN)
     if not again or not set(common) <= set(again):
         return [line + "; run with --repeat nospec to know whether that is above the noise"]

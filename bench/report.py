@@ -3,6 +3,7 @@
 The writers take a run's records (bench.results.RunResults) and their analysis (`analyse`); the
 results.json layout is documented at the top of bench/results.py.
 """
+
 from __future__ import annotations
 
 import csv
@@ -35,8 +36,12 @@ def analyse(run: RunResults) -> Analysis:
         if nospec is not None and name in s and name != BASELINE_NOSPEC and _always_speculative(c):
             recs[name] = recommend(nospec, s[name])
     decode = {name: series(c.levels, "decode_tok_per_s") for name, c in cfgs.items()}
-    return Analysis(recommendation=rec, recommendations=recs, ratios=_ratios(cfgs, s),
-                    decode_ratios=_ratios(cfgs, {k: v for k, v in decode.items() if v}))
+    return Analysis(
+        recommendation=rec,
+        recommendations=recs,
+        ratios=_ratios(cfgs, s),
+        decode_ratios=_ratios(cfgs, {k: v for k, v in decode.items() if v}),
+    )
 
 
 def _always_speculative(c: ConfigRecord) -> bool:
@@ -63,8 +68,9 @@ def with_decode_rates(config: ConfigRecord, log_text: str) -> ConfigRecord:
 
     def level(lv: LevelRecord) -> LevelRecord:
         rates = by_bs.get(lv.concurrency, [])
-        return dataclasses.replace(lv, decode_lines=len(rates),
-                                   decode_tok_per_s=round(statistics.median(rates), 1) if rates else None)
+        return dataclasses.replace(
+            lv, decode_lines=len(rates), decode_tok_per_s=round(statistics.median(rates), 1) if rates else None
+        )
 
     return dataclasses.replace(config, levels=tuple(level(lv) for lv in config.levels))
 
@@ -89,8 +95,21 @@ def write_json(run: RunResults, analysis: Analysis, path: Path) -> Path:
     return path
 
 
-CSV_FIELDS = ["config", "concurrency", "requests", "output_tokens", "wall_s", "tok_per_s", "errors",
-              "spec_steps", "fallback_steps", "switches", "ratio_to_best", "decode_tok_per_s", "decode_ratio_to_best"]
+CSV_FIELDS = [
+    "config",
+    "concurrency",
+    "requests",
+    "output_tokens",
+    "wall_s",
+    "tok_per_s",
+    "errors",
+    "spec_steps",
+    "fallback_steps",
+    "switches",
+    "ratio_to_best",
+    "decode_tok_per_s",
+    "decode_ratio_to_best",
+]
 
 
 def write_csv(run: RunResults, analysis: Analysis, path: Path) -> Path:
@@ -102,16 +121,23 @@ def write_csv(run: RunResults, analysis: Analysis, path: Path) -> Path:
                 cnt = lv.counters
                 r = analysis.ratios.get(name, {}).get(lv.concurrency)
                 dr = analysis.decode_ratios.get(name, {}).get(lv.concurrency)
-                w.writerow({
-                    "config": name, "concurrency": lv.concurrency, "requests": lv.requests,
-                    "output_tokens": lv.output_tokens, "wall_s": f"{lv.wall_s:.3f}",
-                    "tok_per_s": f"{lv.tok_per_s:.1f}", "errors": len(lv.errors),
-                    "spec_steps": "" if cnt is None else cnt.spec_steps,
-                    "fallback_steps": "" if cnt is None else cnt.fallback_steps,
-                    "switches": "" if cnt is None else cnt.switches, "ratio_to_best": "" if r is None else f"{r:.3f}",
-                    "decode_tok_per_s": "" if lv.decode_tok_per_s is None else f"{lv.decode_tok_per_s:.1f}",
-                    "decode_ratio_to_best": "" if dr is None else f"{dr:.3f}",
-                })
+                w.writerow(
+                    {
+                        "config": name,
+                        "concurrency": lv.concurrency,
+                        "requests": lv.requests,
+                        "output_tokens": lv.output_tokens,
+                        "wall_s": f"{lv.wall_s:.3f}",
+                        "tok_per_s": f"{lv.tok_per_s:.1f}",
+                        "errors": len(lv.errors),
+                        "spec_steps": "" if cnt is None else cnt.spec_steps,
+                        "fallback_steps": "" if cnt is None else cnt.fallback_steps,
+                        "switches": "" if cnt is None else cnt.switches,
+                        "ratio_to_best": "" if r is None else f"{r:.3f}",
+                        "decode_tok_per_s": "" if lv.decode_tok_per_s is None else f"{lv.decode_tok_per_s:.1f}",
+                        "decode_ratio_to_best": "" if dr is None else f"{dr:.3f}",
+                    }
+                )
     return path
 
 
@@ -119,8 +145,11 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
     levels = levels_of(run)
     cfgs = run.configs
     rec = analysis.recommendation
-    spec_row = ["| spec / nospec | " + " | ".join(
-        f"{rec.ratios[c]:.2f}" if c in rec.ratios else "" for c in levels) + " |"] if rec and rec.ratios else []
+    spec_row = (
+        ["| spec / nospec | " + " | ".join(f"{rec.ratios[c]:.2f}" if c in rec.ratios else "" for c in levels) + " |"]
+        if rec and rec.ratios
+        else []
+    )
     lines = _table(cfgs, levels, "tok_per_s", analysis.ratios, spec_row)
     out = ["Output tokens per second (all requests' output tokens / wall time of the level).", "", *lines, ""]
     if analysis.ratios:
@@ -128,16 +157,22 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
         out.append("")
     out += _wave_lines(cfgs, levels)
     if analysis.decode_ratios or any(lv.decode_tok_per_s for c in cfgs.values() for lv in c.levels):
-        out += ["Decode-step throughput at bs = C: the median of the server's own `gen throughput` log lines "
-                "with `#running-req` = C over intervals of decode steps only (no prefill, no change of batch "
-                "size; count in brackets). It leaves out the client, the HTTP stack and the level's ramp-up "
-                "and tail, so it isolates the cost of a step.", "",
-                *_table(cfgs, levels, "decode_tok_per_s", analysis.decode_ratios), ""]
+        out += [
+            "Decode-step throughput at bs = C: the median of the server's own `gen throughput` log lines "
+            "with `#running-req` = C over intervals of decode steps only (no prefill, no change of batch "
+            "size; count in brackets). It leaves out the client, the HTTP stack and the level's ramp-up "
+            "and tail, so it isolates the cost of a step.",
+            "",
+            *_table(cfgs, levels, "decode_tok_per_s", analysis.decode_ratios),
+            "",
+        ]
     out += _noise_lines(run, analysis)
     out += _recommendation_lines(analysis)
     out += learned_lines(run)
     if run.meta:
-        out.append("Run: " + ", ".join(f"{k}={v}" for k, v in sorted(run.meta.items()) if not isinstance(v, (dict, list))))
+        out.append(
+            "Run: " + ", ".join(f"{k}={v}" for k, v in sorted(run.meta.items()) if not isinstance(v, (dict, list)))
+        )
         out.append("")
     for name, c in cfgs.items():
         env = " ".join(f"{k}={v}" for k, v in c.env.items())
@@ -148,10 +183,17 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
         out += startup
     profiled = [(name, p) for name, c in cfgs.items() for p in c.profiles]
     if profiled:
-        out += ["", "Profiles (SGLang's torch profiler, rank 0; GPU idle = the window less the union of GPU events):", ""]
+        out += [
+            "",
+            "Profiles (SGLang's torch profiler, rank 0; GPU idle = the window less the union of GPU events):",
+            "",
+        ]
         for name, p in profiled:
-            out += ([f"- `{name}` at C={p.concurrency}: failed: {p.error}"] if p.summary is None
-                    else profile_markdown(name, p.concurrency, p.summary.as_dict(), p.window))
+            out += (
+                [f"- `{name}` at C={p.concurrency}: failed: {p.error}"]
+                if p.summary is None
+                else profile_markdown(name, p.concurrency, p.summary.as_dict(), p.window)
+            )
     return "\n".join(out) + "\n"
 
 
@@ -160,11 +202,18 @@ def _wave_lines(cfgs: Mapping[str, ConfigRecord], levels: list[int]) -> list[str
     if not any(len(lv.wave_tok_per_s) > 1 for c in cfgs.values() for lv in c.levels):
         return []
     sent = any(lv.wave_send_spread_s for c in cfgs.values() for lv in c.levels)
-    lines = ["Output tok/s of the level's waves, slowest-fastest (spread: fastest / slowest - 1)"
-             + (", and the longest span over which the client sent one wave's requests (a closed loop sends "
-                "each as one finishes)" if sent else "")
-             + ". A slow first wave or wave boundary moves the level's rate above without changing its steps.",
-             "", *_header(levels)]
+    lines = [
+        "Output tok/s of the level's waves, slowest-fastest (spread: fastest / slowest - 1)"
+        + (
+            ", and the longest span over which the client sent one wave's requests (a closed loop sends "
+            "each as one finishes)"
+            if sent
+            else ""
+        )
+        + ". A slow first wave or wave boundary moves the level's rate above without changing its steps.",
+        "",
+        *_header(levels),
+    ]
     for name, c in cfgs.items():
         by = {lv.concurrency: lv for lv in c.levels}
         lines.append(f"| {name} | " + " | ".join(_wave_cell(by.get(lvl)) for lvl in levels) + " |")
@@ -201,8 +250,10 @@ def _noise_lines(run: RunResults, analysis: Analysis) -> list[str]:
             rs = list(ratios.get(name, {}).values())
             if rs:
                 apart = 100 * max(abs(1 - r) for r in rs)
-                out.append(f"- Run-to-run noise, `{name[: -len(AGAIN)]}` served twice: {label} second/first "
-                           f"{min(rs):.2f}-{max(rs):.2f} over the levels (at most {apart:.1f}% apart).")
+                out.append(
+                    f"- Run-to-run noise, `{name[: -len(AGAIN)]}` served twice: {label} second/first "
+                    f"{min(rs):.2f}-{max(rs):.2f} over the levels (at most {apart:.1f}% apart)."
+                )
     return out + [""] if out else []
 
 
@@ -224,8 +275,13 @@ def _recommendation_lines(analysis: Analysis) -> list[str]:
     return out
 
 
-def _table(cfgs: Mapping[str, ConfigRecord], levels: list[int], key: RateKey, ratios: Mapping[str, Mapping[int, float]],
-           extra_rows: list[str] | None = None) -> list[str]:
+def _table(
+    cfgs: Mapping[str, ConfigRecord],
+    levels: list[int],
+    key: RateKey,
+    ratios: Mapping[str, Mapping[int, float]],
+    extra_rows: list[str] | None = None,
+) -> list[str]:
     """One row per config, then extra_rows, then each config's ratio to its references."""
     lines = _header(levels)
     for name, c in cfgs.items():
@@ -247,15 +303,21 @@ def _table(cfgs: Mapping[str, ConfigRecord], levels: list[int], key: RateKey, ra
     for name, rs in ratios.items():
         refs = cfgs[name].compare_to
         label = f"{name} / max({', '.join(r for r in refs if r in cfgs)})"
-        lines.append(f"| {label} | " + " | ".join(
-            (f"**{rs[c]:.2f}**" if rs[c] < RATIO_TARGET else f"{rs[c]:.2f}") if c in rs else ""
-            for c in levels) + " |")
+        lines.append(
+            f"| {label} | "
+            + " | ".join(
+                (f"**{rs[c]:.2f}**" if rs[c] < RATIO_TARGET else f"{rs[c]:.2f}") if c in rs else "" for c in levels
+            )
+            + " |"
+        )
     return lines
 
 
 def startup_line(name: str, c: ConfigRecord) -> str:
-    sets = "; ".join(f"{g.kind} bs {g.sizes[0]}..{g.sizes[-1]} ({len(g.sizes)} sizes) "
-                     f"{g.seconds:.1f} s {g.gigabytes:.2f} GB" for g in c.graph_sets or ())
+    sets = "; ".join(
+        f"{g.kind} bs {g.sizes[0]}..{g.sizes[-1]} ({len(g.sizes)} sizes) {g.seconds:.1f} s {g.gigabytes:.2f} GB"
+        for g in c.graph_sets or ()
+    )
     return f"- `{name}`: up in {c.startup_s:.0f} s" + (f"; {sets}" if sets else "")
 
 

@@ -1,4 +1,5 @@
 """`python -m bench report`: redraw or merge runs' reports, or lay a sweep's split runs side by side."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,14 +13,21 @@ from bench.results import RunResults, read_results
 
 def main(argv: list[str]) -> int:
     """`python -m bench report`."""
-    ap = argparse.ArgumentParser(prog="python -m bench report", description="merge results and redo table/plot/recommendation")
+    ap = argparse.ArgumentParser(
+        prog="python -m bench report", description="merge results and redo table/plot/recommendation"
+    )
     ap.add_argument("inputs", nargs="+", type=Path, help="results.json files or folders holding one")
     ap.add_argument("--out", type=Path, default=None, help="default: the first input's folder")
-    ap.add_argument("--logs", type=Path, default=None,
-                    help="folder of server logs (<config>.log) to take decode-step rates from")
-    ap.add_argument("--split", metavar="TITLE", default=None,
-                    help="the inputs are parts of one sweep, each with its own nospec: write split.md and "
-                         "split.png (each ratio taken inside its own run) to --out instead of merging")
+    ap.add_argument(
+        "--logs", type=Path, default=None, help="folder of server logs (<config>.log) to take decode-step rates from"
+    )
+    ap.add_argument(
+        "--split",
+        metavar="TITLE",
+        default=None,
+        help="the inputs are parts of one sweep, each with its own nospec: write split.md and "
+        "split.png (each ratio taken inside its own run) to --out instead of merging",
+    )
     args = ap.parse_args(argv)
     parts = []
     for p in args.inputs:
@@ -38,8 +46,10 @@ def main(argv: list[str]) -> int:
         if missing:
             print(f"bench report: no server log for {', '.join(missing)} in {args.logs}", file=sys.stderr)
             return 2
-        results.configs = {name: with_decode_rates(c, (args.logs / f"{name}.log").read_text(errors="replace"))
-                           for name, c in results.configs.items()}
+        results.configs = {
+            name: with_decode_rates(c, (args.logs / f"{name}.log").read_text(errors="replace"))
+            for name, c in results.configs.items()
+        }
     analysis, paths = write_all(results, out, plot=True)
     print(markdown(results, analysis))
     print("wrote " + ", ".join(str(p) for p in paths.values() if p), file=sys.stderr)
@@ -49,11 +59,15 @@ def main(argv: list[str]) -> int:
 def _write_split(inputs: list[Path], parts: list[RunResults], out: Path, title: str) -> int:
     labels = [(p if p.is_dir() else p.parent).name for p in inputs]
     if len(set(labels)) != len(labels):
-        print(f"bench report --split: the runs are told apart by their folders' names, and these repeat: "
-              f"{', '.join(labels)}; give each run its own folder name", file=sys.stderr)
+        print(
+            f"bench report --split: the runs are told apart by their folders' names, and these repeat: "
+            f"{', '.join(labels)}; give each run its own folder name",
+            file=sys.stderr,
+        )
         return 2
-    written = split_runs.write([split_runs.Part(lbl, run, analyse(run)) for lbl, run in zip(labels, parts, strict=True)],
-                               out, title)
+    written = split_runs.write(
+        [split_runs.Part(lbl, run, analyse(run)) for lbl, run in zip(labels, parts, strict=True)], out, title
+    )
     print((out / "split.md").read_text(encoding="utf-8"))
     print("wrote " + ", ".join(map(str, written)), file=sys.stderr)
     return 0

@@ -29,6 +29,7 @@ are written; `RunResults.from_json` leaves them to `Analysis.from_json`. Keys th
 kept (`extra`) at the top level, in a config and in a level, and written back; in the closed records
 (counters, graph sets, profiles, recommendations) they are an error.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,6 +61,7 @@ RateKey = Literal["tok_per_s", "decode_tok_per_s"]
 @dataclass(frozen=True)
 class SwitchCounters:
     """The speculation switch's step counters (a level's: the difference over the level)."""
+
     spec_steps: int
     fallback_steps: int
     switches: int
@@ -69,8 +71,11 @@ class SwitchCounters:
         return cls(c.spec_steps, c.fallback_steps, c.switches)
 
     def minus(self, other: SwitchCounters) -> SwitchCounters:
-        return SwitchCounters(self.spec_steps - other.spec_steps, self.fallback_steps - other.fallback_steps,
-                              self.switches - other.switches)
+        return SwitchCounters(
+            self.spec_steps - other.spec_steps,
+            self.fallback_steps - other.fallback_steps,
+            self.switches - other.switches,
+        )
 
     def to_json(self) -> dict[str, int]:
         return {"spec_steps": self.spec_steps, "fallback_steps": self.fallback_steps, "switches": self.switches}
@@ -86,6 +91,7 @@ class SwitchCounters:
 @dataclass(frozen=True)
 class LevelRecord:
     """One concurrency level of one config, as measured."""
+
     concurrency: int
     requests: int
     output_tokens: int
@@ -113,9 +119,14 @@ class LevelRecord:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "concurrency": self.concurrency, "requests": self.requests, "output_tokens": self.output_tokens,
-            "wall_s": self.wall_s, "tok_per_s": self.tok_per_s, "errors": list(self.errors),
-            "counters": None if self.counters is None else self.counters.to_json()}
+            "concurrency": self.concurrency,
+            "requests": self.requests,
+            "output_tokens": self.output_tokens,
+            "wall_s": self.wall_s,
+            "tok_per_s": self.tok_per_s,
+            "errors": list(self.errors),
+            "counters": None if self.counters is None else self.counters.to_json(),
+        }
         if self.wave_tok_per_s:
             out["wave_tok_per_s"] = list(self.wave_tok_per_s)
         if self.wave_send_spread_s:
@@ -135,19 +146,26 @@ class LevelRecord:
         if decode_lines is None and r.has("decode_tok_per_s"):
             raise ResultsError(f"{where}: 'decode_tok_per_s' without 'decode_lines'")
         return cls(
-            concurrency=r.integer("concurrency"), requests=r.integer("requests"),
-            output_tokens=r.integer("output_tokens"), wall_s=r.number("wall_s"), tok_per_s=r.number("tok_per_s"),
+            concurrency=r.integer("concurrency"),
+            requests=r.integer("requests"),
+            output_tokens=r.integer("output_tokens"),
+            wall_s=r.number("wall_s"),
+            tok_per_s=r.number("tok_per_s"),
             errors=r.texts("errors"),
             counters=None if counters is None else SwitchCounters.from_json(counters, f"{where}.counters"),
             decode_tok_per_s=None if decode_lines is None else r.nullable(r.number, "decode_tok_per_s"),
-            decode_lines=decode_lines, wave_tok_per_s=r.opt(r.numbers, "wave_tok_per_s") or (),
+            decode_lines=decode_lines,
+            wave_tok_per_s=r.opt(r.numbers, "wave_tok_per_s") or (),
             wave_send_spread_s=r.opt(r.numbers, "wave_send_spread_s") or (),
-            switch_threshold=r.opt(r.integer, "switch_threshold"), extra=r.rest())
+            switch_threshold=r.opt(r.integer, "switch_threshold"),
+            extra=r.rest(),
+        )
 
 
 @dataclass(frozen=True)
 class ProfileRecord:
     """The profile of one wave at `concurrency` after a config's levels: a summary, or why there is none."""
+
     concurrency: int
     summary: ProfileSummary | None = None
     error: str | None = None
@@ -164,10 +182,17 @@ class ProfileRecord:
         if self.summary is None:
             return {**head, "error": self.error}
         s = self.summary
-        return {**head, "window_ms": s.window_ms, "gpu_busy_ms": s.gpu_busy_ms,
-                "gpu_idle_fraction": s.gpu_idle_fraction, "kernels": s.kernels,
-                "top_cpu_ops": [list(row) for row in s.top_cpu_ops], "top_kernels": [list(row) for row in s.top_kernels],
-                "top_runtime_calls": [list(row) for row in s.top_runtime_calls], "note": s.note}
+        return {
+            **head,
+            "window_ms": s.window_ms,
+            "gpu_busy_ms": s.gpu_busy_ms,
+            "gpu_idle_fraction": s.gpu_idle_fraction,
+            "kernels": s.kernels,
+            "top_cpu_ops": [list(row) for row in s.top_cpu_ops],
+            "top_kernels": [list(row) for row in s.top_kernels],
+            "top_runtime_calls": [list(row) for row in s.top_runtime_calls],
+            "note": s.note,
+        }
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> ProfileRecord:
@@ -177,14 +202,24 @@ class ProfileRecord:
         if r.has("error"):
             out = cls(c, error=r.text("error"), window=window)
         else:
+
             def ranked(key: str) -> list[tuple[str, float, int]]:
                 return [ranked_row(row, f"{where}.{key}[{i}]") for i, row in enumerate(r.items(key))]
 
-            out = cls(c, ProfileSummary(
-                window_ms=r.number("window_ms"), gpu_busy_ms=r.number("gpu_busy_ms"),
-                gpu_idle_fraction=r.number("gpu_idle_fraction"), kernels=r.integer("kernels"),
-                top_cpu_ops=ranked("top_cpu_ops"), top_kernels=ranked("top_kernels"),
-                top_runtime_calls=ranked("top_runtime_calls"), note=r.text("note")), window=window)
+            out = cls(
+                c,
+                ProfileSummary(
+                    window_ms=r.number("window_ms"),
+                    gpu_busy_ms=r.number("gpu_busy_ms"),
+                    gpu_idle_fraction=r.number("gpu_idle_fraction"),
+                    kernels=r.integer("kernels"),
+                    top_cpu_ops=ranked("top_cpu_ops"),
+                    top_kernels=ranked("top_kernels"),
+                    top_runtime_calls=ranked("top_runtime_calls"),
+                    note=r.text("note"),
+                ),
+                window=window,
+            )
         r.closed()
         return out
 
@@ -202,8 +237,9 @@ def _window(value: str, where: str) -> ProfileWindow:
     try:
         return ProfileWindow(value)
     except ValueError:
-        raise ResultsError(f"{where}: {value!r} is not a profile window "
-                           f"({', '.join(w.value for w in ProfileWindow)})") from None
+        raise ResultsError(
+            f"{where}: {value!r} is not a profile window ({', '.join(w.value for w in ProfileWindow)})"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -214,6 +250,7 @@ class ConfigRecord:
     far (and their keys are then absent from results.json). `flags` is None only for a config that failed before
     its server was set up (it had no thresholds): such a record holds `failed` alone.
     """
+
     flags: tuple[str, ...] | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     compare_to: tuple[str, ...] = ()  # ratio: this / max(these) per level
@@ -233,18 +270,26 @@ class ConfigRecord:
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if self.flags is not None:
-            out.update(flags=list(self.flags), env=dict(self.env), compare_to=list(self.compare_to),
-                       levels=[lv.to_json() for lv in self.levels])
+            out.update(
+                flags=list(self.flags),
+                env=dict(self.env),
+                compare_to=list(self.compare_to),
+                levels=[lv.to_json() for lv in self.levels],
+            )
         if self.startup_s is not None:
             out["startup_s"] = self.startup_s
         if self.profiles:
             profiles = [p.to_json() for p in self.profiles]
             out["profile"] = profiles[0] if len(profiles) == 1 else profiles
         if self.graph_sets is not None:
-            out["graph_sets"] = [{"kind": g.kind, "sizes": list(g.sizes), "seconds": g.seconds,
-                                  "gigabytes": g.gigabytes} for g in self.graph_sets]
+            out["graph_sets"] = [
+                {"kind": g.kind, "sizes": list(g.sizes), "seconds": g.seconds, "gigabytes": g.gigabytes}
+                for g in self.graph_sets
+            ]
         if self.log_counters is not None:
-            out["log_counters"] = {str(rank): None if c is None else c.to_json() for rank, c in self.log_counters.items()}
+            out["log_counters"] = {
+                str(rank): None if c is None else c.to_json() for rank, c in self.log_counters.items()
+            }
         if self.failed is not None:
             out["failed"] = self.failed
         return {**out, **self.extra}
@@ -254,20 +299,25 @@ class ConfigRecord:
         r = Fields(data, where)
         setup = [k for k in ("flags", "env", "compare_to", "levels") if r.has(k)]
         if setup and len(setup) < 4:
-            raise ResultsError(f"{where}: has {', '.join(map(repr, setup))} but not all of "
-                               "'flags', 'env', 'compare_to' and 'levels'")
+            raise ResultsError(
+                f"{where}: has {', '.join(map(repr, setup))} but not all of 'flags', 'env', 'compare_to' and 'levels'"
+            )
         return cls(
             flags=r.texts("flags") if setup else None,
             env=str_map(r.get("env"), f"{where}.env") if setup else {},
             compare_to=r.texts("compare_to") if setup else (),
             levels=tuple(LevelRecord.from_json(lv, f"{where}.levels[{i}]") for i, lv in enumerate(r.items("levels")))
-            if setup else (),
+            if setup
+            else (),
             startup_s=r.opt(r.number, "startup_s"),
             profiles=_profiles(r.opt(r.get, "profile"), f"{where}.profile"),
             graph_sets=tuple(graph_set(g, f"{where}.graph_sets[{i}]") for i, g in enumerate(r.items("graph_sets")))
-            if r.has("graph_sets") else None,
+            if r.has("graph_sets")
+            else None,
             log_counters=_by_rank(r.get("log_counters"), f"{where}.log_counters") if r.has("log_counters") else None,
-            failed=r.opt(r.text, "failed"), extra=r.rest())
+            failed=r.opt(r.text, "failed"),
+            extra=r.rest(),
+        )
 
 
 @dataclass
@@ -278,6 +328,7 @@ class RunResults:
     record after every level, and saves the run each time, so a run cut off by the device's time limit
     still leaves on disk what it measured.
     """
+
     meta: dict[str, Any]
     configs: dict[str, ConfigRecord] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -286,8 +337,10 @@ class RunResults:
         check_extra(self, self.extra, ANALYSIS_KEYS)
 
     def to_json(self, analysis: Analysis | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {"meta": dict(self.meta),
-                               "configs": {name: c.to_json() for name, c in self.configs.items()}}
+        out: dict[str, Any] = {
+            "meta": dict(self.meta),
+            "configs": {name: c.to_json() for name, c in self.configs.items()},
+        }
         if analysis is not None:
             out.update(analysis.to_json())
         return {**out, **self.extra}
@@ -299,14 +352,17 @@ class RunResults:
         meta = Fields(r.get("meta"), f"{where}.meta").data if r.has("meta") else {}
         configs = Fields(r.get("configs"), f"{where}.configs").data
         r.read.update(ANALYSIS_KEYS)
-        return cls(meta=dict(meta),
-                   configs={name: ConfigRecord.from_json(c, f"{where}.configs[{name!r}]") for name, c in configs.items()},
-                   extra=r.rest())
+        return cls(
+            meta=dict(meta),
+            configs={name: ConfigRecord.from_json(c, f"{where}.configs[{name!r}]") for name, c in configs.items()},
+            extra=r.rest(),
+        )
 
 
 @dataclass(frozen=True)
 class Analysis:
     """What `bench.report.analyse` derives from a run's configs."""
+
     recommendation: Recommendation | None = None  # nospec vs spec; None unless both have levels
     recommendations: Mapping[str, Recommendation] = field(default_factory=dict)  # nospec vs each always-spec config
     ratios: Mapping[str, Mapping[int, float]] = field(default_factory=dict)  # config / max(compare_to), by concurrency
@@ -327,10 +383,13 @@ class Analysis:
         recs = r.opt(r.get, "recommendations") or {}
         return cls(
             recommendation=None if rec is None else recommendation(rec, f"{where}.recommendation"),
-            recommendations={name: recommendation(v, f"{where}.recommendations[{name!r}]")
-                             for name, v in Fields(recs, f"{where}.recommendations").data.items()},
+            recommendations={
+                name: recommendation(v, f"{where}.recommendations[{name!r}]")
+                for name, v in Fields(recs, f"{where}.recommendations").data.items()
+            },
             ratios=ratios_from(r.opt(r.get, "ratios") or {}, f"{where}.ratios"),
-            decode_ratios=ratios_from(r.opt(r.get, "decode_ratios") or {}, f"{where}.decode_ratios"))
+            decode_ratios=ratios_from(r.opt(r.get, "decode_ratios") or {}, f"{where}.decode_ratios"),
+        )
 
 
 def read_results(path: Path) -> tuple[RunResults, Analysis]:
@@ -344,5 +403,7 @@ def read_results(path: Path) -> tuple[RunResults, Analysis]:
 
 def _by_rank(data: Any, where: str) -> dict[int, SwitchCounters | None]:
     r = Fields(data, where)
-    return {int_key(k, where): None if v is None else SwitchCounters.from_json(v, f"{where}[{k!r}]")
-            for k, v in r.data.items()}
+    return {
+        int_key(k, where): None if v is None else SwitchCounters.from_json(v, f"{where}[{k!r}]")
+        for k, v in r.data.items()
+    }

@@ -1,6 +1,7 @@
 """How results.json's objects are read: typed access to one object's fields, where every error
 names the object (`Fields`), and the readers of the closed records that bench.results' classes hold
 (graph sets, profile rows, ratios, recommendations)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -143,9 +144,14 @@ def ratios_json(ratios: Mapping[str, Mapping[int, float]]) -> dict[str, dict[str
 def recommendation(data: Any, where: str) -> Recommendation:
     r = Fields(data, where)
     out = Recommendation(
-        kind=r.text("kind"), crossover=r.nullable(r.number, "crossover"),
+        kind=r.text("kind"),
+        crossover=r.nullable(r.number, "crossover"),
         disable_batch_size=r.nullable(r.integer, "disable_batch_size"),
-        enable_batch_size=r.nullable(r.integer, "enable_batch_size"), flags=r.text("flags"),
-        message=r.text("message"), ratios=ratio_map(r.get("ratios"), f"{where}.ratios"), notes=list(r.texts("notes")))
+        enable_batch_size=r.nullable(r.integer, "enable_batch_size"),
+        flags=r.text("flags"),
+        message=r.text("message"),
+        ratios=ratio_map(r.get("ratios"), f"{where}.ratios"),
+        notes=list(r.texts("notes")),
+    )
     r.closed()
     return out

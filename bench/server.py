@@ -4,6 +4,7 @@ The server runs in its own process group (killed as a whole at stop), on a free 
 in a file. `check_tree` refuses a tree without the patch, or an environment where `import sglang`
 would not load the tree's copy.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,7 +29,9 @@ SM120_MARKER = "_is_sm120_supported"  # 0001 on the lines that run on a GPU (v0.
 # override with $SGL_BASE_FLAGS (may be empty) on a fully installed box.
 # --max-total-tokens: the tiny fixture models would otherwise give the target a KV pool of most of
 # the GPU (mem-fraction-static 0.895) and leave too little for the draft's pool.
-DEFAULT_BASE_FLAGS = "--attention-backend triton --sampling-backend pytorch --grammar-backend none --max-total-tokens 400000"
+DEFAULT_BASE_FLAGS = (
+    "--attention-backend triton --sampling-backend pytorch --grammar-backend none --max-total-tokens 400000"
+)
 
 
 class ServerError(RuntimeError):
@@ -122,7 +125,10 @@ def check_tree(tree: Path, python: str = sys.executable, *, require_switch: bool
         raise TreeError(f"{tree} carries neither the switch nor the SM120 patch: run `make apply SGLANG_REF=<line>`")
     proc = subprocess.run(
         [python, "-c", "import sglang, sys; sys.stdout.write(sglang.__file__)"],
-        env=server_env(tree), capture_output=True, text=True, timeout=300,
+        env=server_env(tree),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     if proc.returncode != 0:
         raise TreeError(f"`import sglang` failed with PYTHONPATH={tree / 'python'}:\n{proc.stderr[-3000:]}")
@@ -198,8 +204,19 @@ class ServerSpec:
     env: dict[str, str] = field(default_factory=dict)
 
     def argv(self, port: int, python: str = sys.executable) -> list[str]:
-        cmd = [python, "-m", "sglang.launch_server", "--model-path", self.model,
-               "--host", "127.0.0.1", "--port", str(port), "--tp", str(self.tp)]
+        cmd = [
+            python,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            self.model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--tp",
+            str(self.tp),
+        ]
         if self.draft_model and "--speculative-algorithm" in self.flags:
             cmd += ["--speculative-draft-model-path", self.draft_model]
         return cmd + list(self.flags)
@@ -221,8 +238,9 @@ def _wait_group_gone(pgid: int, timeout: float) -> None:
 class Server:
     """A running server. Use as a context manager, or call start()/stop()."""
 
-    def __init__(self, spec: ServerSpec, log_path: Path, tree: Path, *, port: int | None = None,
-                 python: str = sys.executable) -> None:
+    def __init__(
+        self, spec: ServerSpec, log_path: Path, tree: Path, *, port: int | None = None, python: str = sys.executable
+    ) -> None:
         self.spec, self.log_path, self.tree, self.python = spec, Path(log_path), tree, python
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -252,8 +270,12 @@ class Server:
         self._log.write(f"$ {self.command}\n".encode())
         self._log.flush()
         self.proc = subprocess.Popen(
-            self.spec.argv(self.port, self.python), stdout=self._log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, env=server_env(self.tree, self.spec.env), start_new_session=True,
+            self.spec.argv(self.port, self.python),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=server_env(self.tree, self.spec.env),
+            start_new_session=True,
         )
         try:
             self._wait_healthy(timeout)
@@ -274,8 +296,11 @@ class Server:
             try:
                 if requests.get(self.url + "/health", timeout=5).status_code == 200:
                     # /health answers before the first generation works on some versions: probe once
-                    r = requests.post(self.url + "/generate", json={"text": "hi", "sampling_params": {
-                        "max_new_tokens": 1, "temperature": 0}}, timeout=120)
+                    r = requests.post(
+                        self.url + "/generate",
+                        json={"text": "hi", "sampling_params": {"max_new_tokens": 1, "temperature": 0}},
+                        timeout=120,
+                    )
                     if r.status_code == 200:
                         return
             except requests.RequestException:

@@ -6,6 +6,7 @@ configs (`bench report A B`) would compare one run's switch with another run's n
 each ratio within its run and states, per level, how far the runs' own nospec rates lie apart
 (the cross-run noise the ratios cannot see).
 """
+
 from __future__ import annotations
 
 import textwrap
@@ -25,6 +26,7 @@ RATE_LABELS: dict[RateKey, str] = {"tok_per_s": "output tok/s", "decode_tok_per_
 @dataclass(frozen=True)
 class Part:
     """One run of a split sweep: its label (its folder's name), records and analysis."""
+
     label: str
     run: RunResults
     analysis: Analysis
@@ -33,6 +35,7 @@ class Part:
 @dataclass(frozen=True)
 class RunRatio:
     """A config's ratio at one level, from one run, the references that run had and those it lacked."""
+
     part: str
     ratio: float
     refs: tuple[str, ...]
@@ -73,30 +76,43 @@ def levels_of(parts: Sequence[Part]) -> list[int]:
 
 def markdown(parts: Sequence[Part]) -> str:
     levels = levels_of(parts)
-    out = [f"Runs: {', '.join(f'`{p.label}`' for p in parts)}. Each ratio is taken inside the run named beside it, "
-           "against the best of the config's references that run measured (\"vs nospec only\": the run lacked the others). "
-           f"Below {RATIO_TARGET} in bold.", ""]
+    out = [
+        f"Runs: {', '.join(f'`{p.label}`' for p in parts)}. Each ratio is taken inside the run named beside it, "
+        'against the best of the config\'s references that run measured ("vs nospec only": the run lacked the others). '
+        f"Below {RATIO_TARGET} in bold.",
+        "",
+    ]
     for key, label in RATE_LABELS.items():
         ratios = ratios_by_level(parts, key)
         if not ratios:
             continue
-        out += [f"{label[0].upper()}{label[1:]}, ratio per level:", "",
-                "| config | " + " | ".join(f"C={c}" for c in levels) + " |", "|---|" + "---|" * len(levels)]
+        out += [
+            f"{label[0].upper()}{label[1:]}, ratio per level:",
+            "",
+            "| config | " + " | ".join(f"C={c}" for c in levels) + " |",
+            "|---|" + "---|" * len(levels),
+        ]
         for name, by_level in ratios.items():
             out.append(f"| {name} | " + " | ".join(_cell(by_level.get(c, ())) for c in levels) + " |")
         spread = baseline_spread(parts, key)
         if spread:
-            out.append(f"| {BASELINE_NOSPEC} across runs (spread) | "
-                       + " | ".join(f"{100 * spread[c]:.0f}%" if c in spread else "" for c in levels) + " |")
+            out.append(
+                f"| {BASELINE_NOSPEC} across runs (spread) | "
+                + " | ".join(f"{100 * spread[c]:.0f}%" if c in spread else "" for c in levels)
+                + " |"
+            )
         out.append("")
     return "\n".join(out)
 
 
 def _cell(ratios: tuple[RunRatio, ...]) -> str:
     return "<br>".join(
-        (f"**{r.ratio:.2f}**" if r.ratio < RATIO_TARGET else f"{r.ratio:.2f}") + f" ({r.part}"
-        + (f", vs {'/'.join(r.refs)} only" if r.missing else "") + ")"
-        for r in ratios)
+        (f"**{r.ratio:.2f}**" if r.ratio < RATIO_TARGET else f"{r.ratio:.2f}")
+        + f" ({r.part}"
+        + (f", vs {'/'.join(r.refs)} only" if r.missing else "")
+        + ")"
+        for r in ratios
+    )
 
 
 def write_plot(parts: Sequence[Part], path: Path, title: str) -> Path | None:
@@ -114,14 +130,15 @@ def write_plot(parts: Sequence[Part], path: Path, title: str) -> Path | None:
         for name, by_level in ratios_by_level(parts, key).items():
             for part in dict.fromkeys(r.part for cell in by_level.values() for r in cell):
                 points = sorted((c, r) for c, cell in by_level.items() for r in cell if r.part == part)
-                line, = ax.plot([c for c, _ in points], [r.ratio for _, r in points], label=f"{name} ({part})")
+                (line,) = ax.plot([c for c, _ in points], [r.ratio for _, r in points], label=f"{name} ({part})")
                 for c, r in points:
                     ax.plot(c, r.ratio, marker="o", color=line.get_color(), fillstyle="none" if r.missing else "full")
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.axhline(RATIO_TARGET, color="grey", linestyle=":", label=f"{RATIO_TARGET}")
         report.concurrency_axis(ax, levels_of(parts))
-        ax.set_title(f"{label}: ratio to the best reference in its run\n(hollow: a reference missing from that run)",
-                     fontsize=9)
+        ax.set_title(
+            f"{label}: ratio to the best reference in its run\n(hollow: a reference missing from that run)", fontsize=9
+        )
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("ratio")
     axes[0].legend(fontsize=7)

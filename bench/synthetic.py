@@ -1,5 +1,6 @@
 """The synthetic fixture pairs' models (a Llama-shaped target and an EAGLE-3 draft drawn at random,
 or the draft copying the target: the exact pair), which the Kimi-shaped set's draft shares."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,8 +45,9 @@ def require_device(name: str) -> None:
 
     device = torch.device(name)
     if device.type != "cpu" and not getattr(torch, device.type).is_available():
-        raise FixtureError(f"fixture device {name!r} is not available here (the gpu-bound and trained presets "
-                           "need a GPU)")
+        raise FixtureError(
+            f"fixture device {name!r} is not available here (the gpu-bound and trained presets need a GPU)"
+        )
 
 
 def _llama_config(params: FixtureParams, vocab: int, layers: int) -> Any:

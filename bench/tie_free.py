@@ -11,6 +11,7 @@ of text ignored) with the weights rounded to the dtype they are served in and fl
 and returns each path's least lead of the chosen token over the runner-up, in nats.
 `most_tie_free` keeps the prompts whose least lead is largest.
 """
+
 from __future__ import annotations
 
 import copy

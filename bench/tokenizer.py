@@ -1,6 +1,7 @@
 """The BPE tokenizer every fixture set shares: trained with `tokenizers` on text made here from a
 seed (the benchmark's prompts and code-like lines), saved as a transformers fast tokenizer beside
 each model, where SGLang loads it from."""
+
 from __future__ import annotations
 
 import json

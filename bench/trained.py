@@ -27,6 +27,7 @@ backend (cuDNN's attention backward, which SDPA picks on an H200, has no determi
 generations of version 4 with one key differed, held-out loss 3.682 against 3.666). Any kernel
 PyTorch still reports as nondeterministic is listed in the manifest's ``figures.nondeterministic``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -55,6 +56,7 @@ from bench.trained_params import (
 @dataclass(frozen=True)
 class TrainFigures:
     """What the training made, measured on held-out text."""
+
     target_loss: float  # cross entropy, nats per token
     target_train_loss: float  # the last 10 steps' mean
     draft_agreement: tuple[float, ...]  # top-1 agreement with the target, per draft step
@@ -133,8 +135,9 @@ def train_loop(module: Any, loss_of: Callable[[Any], Any], data: Any, steps: int
     """AdamW with warm-up and cosine decay, bf16 autocast on the GPU; returns the last 10 steps' mean loss."""
     import torch
 
-    opt = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.95),
-                            weight_decay=0.1)
+    opt = torch.optim.AdamW(
+        [p for p in module.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.95), weight_decay=0.1
+    )
     device_type = next(module.parameters()).device.type
     recent: list[float] = []
     for step, batch in enumerate(data):
@@ -170,11 +173,15 @@ def _draft_step(draft: Any, target: Any, x: Any, params: TrainedParams) -> tuple
     return unrolled_loss(draft, batch)
 
 
-def _held_out(fn: Callable[[Any], Any], ids: Any, params: TrainedParams, span: tuple[int, int], n: int = 8) -> list[Any]:
+def _held_out(
+    fn: Callable[[Any], Any], ids: Any, params: TrainedParams, span: tuple[int, int], n: int = 8
+) -> list[Any]:
     import torch
 
-    with torch.no_grad(), torch.autocast(params.device.split(":")[0], dtype=torch.bfloat16,
-                                         enabled=params.device.startswith("cuda")):
+    with (
+        torch.no_grad(),
+        torch.autocast(params.device.split(":")[0], dtype=torch.bfloat16, enabled=params.device.startswith("cuda")),
+    ):
         return [fn(b.to(params.device)) for b in batches(ids, params, n, params.seed + 99, span)]
 
 
@@ -192,8 +199,10 @@ def choose_prompts(params: TrainedParams, target: Any, tokenizer: Any, held_out_
 
 
 def write_prompts(path: Path, prompts: list[ScoredPrompt]) -> None:
-    rows = [json.dumps({"id": f"held-out-{i:03d}", "prompt": p.text, "least_margin": round(p.least_margin, 6)})
-            for i, p in enumerate(prompts)]
+    rows = [
+        json.dumps({"id": f"held-out-{i:03d}", "prompt": p.text, "least_margin": round(p.least_margin, 6)})
+        for i, p in enumerate(prompts)
+    ]
     path.write_text("\n".join(rows) + "\n", encoding="utf-8")
 
 
@@ -216,7 +225,10 @@ def _train_pair(params: TrainedParams, ids: Any, vocab: int, quiet: bool) -> tup
     losses = _held_out(lambda x: _target_loss(target, x), ids, params, held)
     held_loss = sum(float(v) for v in losses) / len(losses)
     t1 = time.monotonic()
-    _say(f"target: {params.target_steps} steps, loss {train_loss:.3f} (held-out {held_loss:.3f}) in {t1 - t0:.0f}s", quiet)
+    _say(
+        f"target: {params.target_steps} steps, loss {train_loss:.3f} (held-out {held_loss:.3f}) in {t1 - t0:.0f}s",
+        quiet,
+    )
     target.requires_grad_(False)
     draft = new_draft(params, vocab, target)
     data = (b.to(params.device) for b in batches(ids, params, params.draft_steps, params.seed + 1, train))
@@ -224,8 +236,11 @@ def _train_pair(params: TrainedParams, ids: Any, vocab: int, quiet: bool) -> tup
     agreements = [a for _, a in _held_out(lambda x: _draft_step(draft, target, x, params), ids, params, held)]
     agreement = tuple(sum(a[k] for a in agreements) / len(agreements) for k in range(params.draft_unroll))
     t2 = time.monotonic()
-    _say(f"draft: {params.draft_steps} steps, held-out agreement per step {[round(a, 3) for a in agreement]} "
-         f"in {t2 - t1:.0f}s", quiet)
+    _say(
+        f"draft: {params.draft_steps} steps, held-out agreement per step {[round(a, 3) for a in agreement]} "
+        f"in {t2 - t1:.0f}s",
+        quiet,
+    )
     return target, draft, TrainFigures(held_loss, train_loss, agreement, t1 - t0, t2 - t1)
 
 
@@ -252,11 +267,19 @@ def _prompts(tmp: Path, params: TrainedParams, target: Any, tokenizer: Any, ids:
     write_prompts(tmp / PROMPTS_FILE, prompts)
     least = min(p.least_margin for p in prompts)
     seconds = time.monotonic() - t0
-    _say(f"prompts: {len(prompts)} of {params.prompt_candidates} held-out snippets, least greedy margin "
-         f"{least:.4f} nats over {params.prompt_new_tokens} tokens, in {seconds:.0f}s", quiet)
-    return {"file": PROMPTS_FILE, "count": params.prompt_count, "from": "held-out corpus text",
-            "candidates": params.prompt_candidates, "new_tokens": params.prompt_new_tokens,
-            "least_margin": least}
+    _say(
+        f"prompts: {len(prompts)} of {params.prompt_candidates} held-out snippets, least greedy margin "
+        f"{least:.4f} nats over {params.prompt_new_tokens} tokens, in {seconds:.0f}s",
+        quiet,
+    )
+    return {
+        "file": PROMPTS_FILE,
+        "count": params.prompt_count,
+        "from": "held-out corpus text",
+        "candidates": params.prompt_candidates,
+        "new_tokens": params.prompt_new_tokens,
+        "least_margin": least,
+    }
 
 
 def build(tmp: Path, params: TrainedParams, quiet: bool) -> dict[str, Any]:
@@ -274,8 +297,11 @@ def build(tmp: Path, params: TrainedParams, quiet: bool) -> dict[str, Any]:
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tokdir))
     ids = tokenize(corpus, tokenizer)
     t1 = time.monotonic()
-    _say(f"corpus: {len(corpus.files)} files, {corpus.size} bytes, {len(ids)} tokens (vocab {vocab}) "
-         f"from {corpus.root} in {t1 - t0:.0f}s", quiet)
+    _say(
+        f"corpus: {len(corpus.files)} files, {corpus.size} bytes, {len(ids)} tokens (vocab {vocab}) "
+        f"from {corpus.root} in {t1 - t0:.0f}s",
+        quiet,
+    )
     target, draft, figures = train_pair(params, ids, vocab, quiet)
     t_prompts = time.monotonic()
     prompts = _prompts(tmp, params, target, tokenizer, ids, quiet)
@@ -285,15 +311,32 @@ def build(tmp: Path, params: TrainedParams, quiet: bool) -> dict[str, Any]:
     _say(f"checkpoints written in {t3 - t2:.0f}s", quiet)
     reference_layers = params.gpu_bound_layers or params.small_layers
     return {
-        "kind": "trained", "params": dataclasses.asdict(params), "key": params.key(), "vocab": vocab,
-        "pairs": params.pairs(), "figures": {**dataclasses.asdict(figures),
-                                             "draft_expected_accept_length": figures.draft_expected_accept_length},
-        "corpus": {"root": str(corpus.root), "files": len(corpus.files), "bytes": corpus.size,
-                   "sha256": corpus.digest, "tokens": len(ids)},
+        "kind": "trained",
+        "params": dataclasses.asdict(params),
+        "key": params.key(),
+        "vocab": vocab,
+        "pairs": params.pairs(),
+        "figures": {
+            **dataclasses.asdict(figures),
+            "draft_expected_accept_length": figures.draft_expected_accept_length,
+        },
+        "corpus": {
+            "root": str(corpus.root),
+            "files": len(corpus.files),
+            "bytes": corpus.size,
+            "sha256": corpus.digest,
+            "tokens": len(ids),
+        },
         "prompts": prompts,
         "captured_layers": {str(n): captured_layers(n) for n in (params.small_layers, params.gpu_bound_layers) if n},
-        "draft_to_target_weights": draft_parameter_count(params, vocab) / parameter_count(params, vocab, reference_layers),
-        "seconds": {"corpus_and_tokenizer": t1 - t0, "target": figures.target_seconds,
-                    "draft": figures.draft_seconds, "prompts": t2 - t_prompts, "write": t3 - t2,
-                    "total": t3 - t0},
+        "draft_to_target_weights": draft_parameter_count(params, vocab)
+        / parameter_count(params, vocab, reference_layers),
+        "seconds": {
+            "corpus_and_tokenizer": t1 - t0,
+            "target": figures.target_seconds,
+            "draft": figures.draft_seconds,
+            "prompts": t2 - t_prompts,
+            "write": t3 - t2,
+            "total": t3 - t0,
+        },
     }

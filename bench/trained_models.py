@@ -1,5 +1,6 @@
 """The trained fixtures' models: the target (transformers' Llama), what EAGLE-3 captures from it, and
 the checkpoints SGLang loads (the target extended by pass-through layers, the draft)."""
+
 from __future__ import annotations
 
 import json
@@ -14,10 +15,20 @@ def llama_config(params: TrainedParams, vocab: int, layers: int, intermediate: i
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=vocab, hidden_size=params.hidden, intermediate_size=intermediate or params.intermediate,
-        num_hidden_layers=layers, num_attention_heads=params.heads, num_key_value_heads=params.kv_heads,
-        max_position_embeddings=params.max_positions, rms_norm_eps=1e-5, rope_theta=10000.0,
-        initializer_range=0.02, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, torch_dtype=params.dtype,
+        vocab_size=vocab,
+        hidden_size=params.hidden,
+        intermediate_size=intermediate or params.intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=params.heads,
+        num_key_value_heads=params.kv_heads,
+        max_position_embeddings=params.max_positions,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        initializer_range=0.02,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        torch_dtype=params.dtype,
     )
 
 
@@ -58,8 +69,13 @@ def captured_features(states: list[Any], num_layers: int) -> Any:
 
 
 def draft_shape(params: TrainedParams, vocab: int) -> DraftShape:
-    return DraftShape(hidden=params.hidden, heads=params.heads, kv_heads=params.kv_heads,
-                      intermediate=params.draft_intermediate, vocab=vocab)
+    return DraftShape(
+        hidden=params.hidden,
+        heads=params.heads,
+        kv_heads=params.kv_heads,
+        intermediate=params.draft_intermediate,
+        vocab=vocab,
+    )
 
 
 def new_draft(params: TrainedParams, vocab: int, target: Any) -> Eagle3Draft:

@@ -1,4 +1,5 @@
 """The trained fixture set's parameters: what bench.trained trains and bench.trained_models builds."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,8 +11,10 @@ GENERATOR_VERSION = 5  # 2: blank lines kept in the training text; checkpoints i
 # 4: the prompts furthest from a greedy tie; 5: deterministic attention in training
 PROMPTS_FILE = "prompts.jsonl"  # code snippets from the held-out text, for the greedy-equality tests
 HELD_OUT_SHARE = 0.02  # the corpus's last tokens, never trained on
-TRAINED_PAIRS = {"trained": ("target-trained", "draft-trained"),
-                 "trained-gpu-bound": ("target-trained-gpu-bound", "draft-trained")}
+TRAINED_PAIRS = {
+    "trained": ("target-trained", "draft-trained"),
+    "trained-gpu-bound": ("target-trained-gpu-bound", "draft-trained"),
+}
 
 
 class TrainingError(RuntimeError):
@@ -59,13 +62,19 @@ class TrainedParams:
     def check(self) -> None:
         for layers in (self.small_layers, self.gpu_bound_layers):
             if layers and captured_layers(layers)[0] < self.trained_layers:
-                raise TrainingError(f"{self.trained_layers} trained layers: EAGLE-3's first capture (before layer 2) "
-                                 "would fall inside them, and the two targets would differ")
+                raise TrainingError(
+                    f"{self.trained_layers} trained layers: EAGLE-3's first capture (before layer 2) "
+                    "would fall inside them, and the two targets would differ"
+                )
             if layers and layers < 7:
-                raise TrainingError(f"a {layers}-layer target: EAGLE-3's captured layers (2, L/2, L-3) coincide below 7")
+                raise TrainingError(
+                    f"a {layers}-layer target: EAGLE-3's captured layers (2, L/2, L-3) coincide below 7"
+                )
         if self.prompt_candidates < self.prompt_count:
-            raise TrainingError(f"{self.prompt_candidates} prompt candidates for {self.prompt_count} prompts: "
-                                "score at least as many as are kept")
+            raise TrainingError(
+                f"{self.prompt_candidates} prompt candidates for {self.prompt_count} prompts: "
+                "score at least as many as are kept"
+            )
         if self.dtype not in ("float16", "bfloat16"):
             raise TrainingError(f"dtype {self.dtype!r}: the checkpoints are float16 or bfloat16 (what SGLang serves)")
 

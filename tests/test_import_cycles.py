@@ -1,5 +1,6 @@
 """No import cycles among the project's modules, counting imports inside functions and under
 TYPE_CHECKING: a cycle hidden in a function still ties two modules into one."""
+
 from __future__ import annotations
 
 import ast
@@ -31,8 +32,10 @@ def module_imports(path: Path, package: str) -> set[str]:
 
 def import_graph(root: Path) -> dict[str, set[str]]:
     modules = {f"{pkg}.{f.stem}": f for pkg in PACKAGES for f in sorted((root / pkg).glob("*.py"))}
-    return {name: {m for m in module_imports(path, name.split(".")[0]) if m in modules and m != name}
-            for name, path in modules.items()}
+    return {
+        name: {m for m in module_imports(path, name.split(".")[0]) if m in modules and m != name}
+        for name, path in modules.items()
+    }
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -73,10 +76,16 @@ def test_the_project_has_no_import_cycle() -> None:
     assert cycles(graph) == []
 
 
-@pytest.mark.parametrize("hidden", ["def build():\n    from pkga import b\n",
-                                    "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkga.b import X\n"])
-def test_a_cycle_inside_a_function_or_for_types_is_found(tmp_path: Path, hidden: str,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "hidden",
+    [
+        "def build():\n    from pkga import b\n",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkga.b import X\n",
+    ],
+)
+def test_a_cycle_inside_a_function_or_for_types_is_found(
+    tmp_path: Path, hidden: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "pkga").mkdir()
     (tmp_path / "pkga" / "a.py").write_text(hidden)
     (tmp_path / "pkga" / "b.py").write_text("from pkga.a import build\n")

@@ -1,4 +1,5 @@
-"""The project's own code passes ruff and mypy with the settings in pyproject.toml."""
+"""The project's own code passes ruff (lint and format) and mypy with the settings in pyproject.toml."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,13 @@ def _run(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff() -> None:
-    res = _run("ruff", "check", "tools", "bench", "tests")
+    res = _run("ruff", "check", "tools", "bench", "tests", "lines")
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_ruff_format() -> None:
+    """The project's own code as `ruff format` writes it (the patches follow SGLang's black)."""
+    res = _run("ruff", "format", "--check", "tools", "bench", "tests", "lines")
     assert res.returncode == 0, res.stdout + res.stderr
 
 

@@ -4,6 +4,7 @@ Every hunk is classified in memory first (``hunkcheck``); git am runs only when 
 in a throw-away worktree, and the tree's branch moves to the result only when every patch went in,
 so a failed apply never leaves a half-applied tree presented as good (gbp pq's all-or-nothing).
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -60,8 +61,10 @@ class LoadedSeries:
     def unchecked_note(self) -> str | None:
         if not self.unchecked:
             return None
-        return (f"{len(self.unchecked)} later patch(es) not checked against the tree ({', '.join(self.unchecked)}): "
-                "they build on a patch that could not be read; fix that one first")
+        return (
+            f"{len(self.unchecked)} later patch(es) not checked against the tree ({', '.join(self.unchecked)}): "
+            "they build on a patch that could not be read; fix that one first"
+        )
 
 
 def read_series_patches(project: Project, *, strict_unused: bool = False, headers: bool = False) -> LoadedSeries:
@@ -127,8 +130,10 @@ def failure_summary(results: list[PatchResult], ref: str, allow_offset: bool) ->
     hint = " (offsets are refused by default; --allow-offset accepts them)" if offsets and not allow_offset else ""
     damaged = [r.patch for r in bad if r.status is HunkStatus.DAMAGED]
     return (
-        f"{len(bad)} of {len(results)} patch(es) do not apply exactly at {ref}: " + ", ".join(r.patch for r in bad)
-        + hint + (f"; damaged: {', '.join(damaged)}" if damaged else "")
+        f"{len(bad)} of {len(results)} patch(es) do not apply exactly at {ref}: "
+        + ", ".join(r.patch for r in bad)
+        + hint
+        + (f"; damaged: {', '.join(damaged)}" if damaged else "")
     )
 
 
@@ -150,7 +155,9 @@ def tree_problems(repo: Git) -> list[str]:
         if extra:
             probs.append(f"{len(extra)} commit(s) not in the series: " + ", ".join(repo.subject(c) for c in extra[:5]))
         else:
-            probs.append(f"HEAD {head[:12]} is not the applied series {applied[:12]} (commits rewritten or another branch checked out)")
+            probs.append(
+                f"HEAD {head[:12]} is not the applied series {applied[:12]} (commits rewritten or another branch checked out)"
+            )
     return probs
 
 
@@ -180,7 +187,8 @@ def save_backup(repo: Git) -> str:
 
 def unsafe_message(tree: Path, probs: list[str]) -> str:
     return (
-        f"{tree} holds work that applying would discard:\n  - " + "\n  - ".join(probs)
+        f"{tree} holds work that applying would discard:\n  - "
+        + "\n  - ".join(probs)
         + "\nTo keep it: commit it in the tree and run `make refresh` (it becomes patches), then apply."
         + "\nTo set it aside: `make apply FORCE=1` saves it on a backup/<date> branch in the tree first."
     )
@@ -220,8 +228,10 @@ def point_tree_at(repo: Git, ref: str, base: str, head: str) -> None:
 
 def _move_into_place(built: Path, tree: Path) -> None:
     if tree.exists():  # made meanwhile by something outside the toolkit's lock
-        raise UnsafeTreeError(f"{tree} appeared while the series was being applied; nothing was moved "
-                              "into it: look at what made it, then run again")
+        raise UnsafeTreeError(
+            f"{tree} appeared while the series was being applied; nothing was moved "
+            "into it: look at what made it, then run again"
+        )
     tree.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(str(built), str(tree))
 
@@ -268,8 +278,9 @@ def apply_series(
             failed = failure_summary(results, ref, allow_offset)
             series = f"{len(loaded.problems)} series/file problem(s)" if loaded.problems else ""
             summary = "; ".join(part for part in (series, failed, loaded.unchecked_note()) if part)
-            raise ApplyError("\n".join([*problems, summary])
-                             + ("\nNo tree was created." if fresh else f"\n{tree} was not changed."))
+            raise ApplyError(
+                "\n".join([*problems, summary]) + ("\nNo tree was created." if fresh else f"\n{tree} was not changed.")
+            )
         head = build_commits(repo, base, patches, scratch)
         point_tree_at(repo, ref, base, head)
         if fresh:

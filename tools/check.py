@@ -1,4 +1,5 @@
 """``check``: everything that must hold for the series to be mergeable, all reported in one run."""
+
 from __future__ import annotations
 
 import tempfile

@@ -1,5 +1,6 @@
 """One run at a time over a checkout's build/ and .cache/: an advisory lock (flock) held for the
 whole command, and the scratch a killed run left behind swept once the lock is ours."""
+
 from __future__ import annotations
 
 import contextlib
@@ -15,8 +16,13 @@ from tools.project import Project
 
 LOCK_NAME = ".tools.lock"
 # Scratch that exists only while a command runs: left over, it is a killed run's.
-STALE = (("build", ".apply-*"), ("build", ".rebase-*"), ("cache", "sglang-src-*"), ("cache", ".check-*"),
-         ("cache", "archives/*.part"))
+STALE = (
+    ("build", ".apply-*"),
+    ("build", ".rebase-*"),
+    ("cache", "sglang-src-*"),
+    ("cache", ".check-*"),
+    ("cache", "archives/*.part"),
+)
 
 
 class BusyError(ToolError):
@@ -40,8 +46,11 @@ def sweep_stale(project: Project) -> int:
         else:
             p.unlink(missing_ok=True)
     if stale:
-        say(f"removed {len(stale)} temporary file(s) or folder(s) an interrupted run left: "
-            + ", ".join(str(p.relative_to(project.root)) for p in stale[:4]) + (" ..." if len(stale) > 4 else ""))
+        say(
+            f"removed {len(stale)} temporary file(s) or folder(s) an interrupted run left: "
+            + ", ".join(str(p.relative_to(project.root)) for p in stale[:4])
+            + (" ..." if len(stale) > 4 else "")
+        )
     return len(stale)
 
 

@@ -1,5 +1,6 @@
 """Command line: ``python -m tools <command>``. One function per command; ``ToolError`` is mapped to
 an exit code in one place (``main``)."""
+
 from __future__ import annotations
 
 import argparse
@@ -43,11 +44,17 @@ def cmd_apply(args: argparse.Namespace, project: Project) -> int:
     from tools.apply import apply_series
 
     out = apply_series(
-        project, args.ref, Path(args.tree).resolve() if args.tree else None,
-        allow_offset=args.allow_offset, force=args.force, relock=args.relock,
+        project,
+        args.ref,
+        Path(args.tree).resolve() if args.tree else None,
+        allow_offset=args.allow_offset,
+        force=args.force,
+        relock=args.relock,
     )
     detail = count_summary((r.status.value for r in out.results), "empty series")
-    print(f"applied {len(out.results)} patch(es) to {out.tree} at {out.ref} ({out.entry.source}, base {out.base[:12]}): {detail}")
+    print(
+        f"applied {len(out.results)} patch(es) to {out.tree} at {out.ref} ({out.entry.source}, base {out.base[:12]}): {detail}"
+    )
     if out.backup:
         print(f"previous work saved on branch {out.backup} in {out.tree}")
     return 0
@@ -125,8 +132,11 @@ def cmd_test(args: argparse.Namespace, project: Project) -> int:
     tree = _tree(args, project)
     if not tree.exists():
         raise ToolError(f"{tree} does not exist; run `make apply` first")
-    summarise(run_tests(project, tree, ref, own=not args.patches_only, extra=args.pytest_args,
-                        gpu_per_patch=args.gpu_per_patch))
+    summarise(
+        run_tests(
+            project, tree, ref, own=not args.patches_only, extra=args.pytest_args, gpu_per_patch=args.gpu_per_patch
+        )
+    )
     print("test: all passed")
     return 0
 
@@ -140,10 +150,12 @@ def cmd_new(args: argparse.Namespace, project: Project) -> int:
     if not path.parent.exists():
         raise ToolError(f"{tree} does not exist; run `make apply` first")
     path.write_text(TEMPLATE.format(subject=args.subject, ref=ref))
-    print(f"wrote a commit message template to {path}\n"
-          f"make your change in {tree}, then:\n"
-          f"  git -C {tree} add -A && git -C {tree} commit -t {path}\n"
-          f"  make refresh   # writes patches/<slug>.patch and appends it to series")
+    print(
+        f"wrote a commit message template to {path}\n"
+        f"make your change in {tree}, then:\n"
+        f"  git -C {tree} add -A && git -C {tree} commit -t {path}\n"
+        f"  make refresh   # writes patches/<slug>.patch and appends it to series"
+    )
     return 0
 
 
@@ -157,11 +169,20 @@ def cmd_rebase(args: argparse.Namespace, project: Project) -> int:
     elif (args.cont or args.abort) and is_unfinished(project.line_for(args.to)):
         project = project.line_for(args.to)  # the new line whose first rebase stopped
     elif project.line is not None and not args.check:
-        raise UsageError(f"{project.label} is named by its release: make the {args.to} line with "
-                         f"`make rebase FROM={project.line} SGLANG_REF={args.to} NEW_LINE=1` instead of moving it")
+        raise UsageError(
+            f"{project.label} is named by its release: make the {args.to} line with "
+            f"`make rebase FROM={project.line} SGLANG_REF={args.to} NEW_LINE=1` instead of moving it"
+        )
     try:
-        rc = run_rebase(project, args.to, check=args.check, drop=args.drop, cont=args.cont, abort=args.abort,
-                        report=Path(args.report) if args.report else None)
+        rc = run_rebase(
+            project,
+            args.to,
+            check=args.check,
+            drop=args.drop,
+            cont=args.cont,
+            abort=args.abort,
+            report=Path(args.report) if args.report else None,
+        )
     except ToolError:
         if started and not rebase_tree(project, args.to).exists():
             say(f"removed {discard(project)}: the new line did not start")
@@ -178,21 +199,30 @@ def _add_rebase(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
     r.add_argument("--to", required=True, help="the new ref, e.g. v0.5.10")
     r.add_argument("--check", action="store_true", help="report only; change nothing")
     r.add_argument("--drop", action="store_true", help="confirm dropping patches found upstream/obsolete")
-    r.add_argument("--report", help="write the Markdown report here (default: docs/rebase/[<line>/]<ref>.md with "
-                   "--check, else build/rebase-<ref>.md)")
+    r.add_argument(
+        "--report",
+        help="write the Markdown report here (default: docs/rebase/[<line>/]<ref>.md with "
+        "--check, else build/rebase-<ref>.md)",
+    )
     r.add_argument("--continue", dest="cont", action="store_true", help="continue after resolving a conflict")
     r.add_argument("--abort", action="store_true", help="abandon a rebase in progress")
-    r.add_argument("--new-line", action="store_true",
-                   help="make lines/<to>/ from the line --ref names (default: the default line) and port that copy; "
-                        "the source line is left as it is")
+    r.add_argument(
+        "--new-line",
+        action="store_true",
+        help="make lines/<to>/ from the line --ref names (default: the default line) and port that copy; "
+        "the source line is left as it is",
+    )
     r.set_defaults(func=cmd_rebase)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tools", description="Keep a quilt-style patch series against SGLang.")
     p.add_argument("--root", help="project root (default: this checkout)")
-    p.add_argument("--ref", help="SGLang ref, e.g. v0.5.9: the line lines/<ref> when there is one, else the default "
-                   "line at that ref (default: the default line's pinned ref; check and status: every line)")
+    p.add_argument(
+        "--ref",
+        help="SGLang ref, e.g. v0.5.9: the line lines/<ref> when there is one, else the default "
+        "line at that ref (default: the default line's pinned ref; check and status: every line)",
+    )
     p.add_argument("--tree", help="patched tree (default: build/sglang-<ref>)")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -203,8 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(func=cmd_apply)
 
     p_refresh = sub.add_parser("refresh", help="write the tree's commits back to patches/")
-    p_refresh.add_argument("--force", action="store_true",
-                           help="overwrite patch files edited since the last apply/refresh")
+    p_refresh.add_argument(
+        "--force", action="store_true", help="overwrite patch files edited since the last apply/refresh"
+    )
     p_refresh.set_defaults(func=cmd_refresh)
     sub.add_parser("check", help="verify series, headers, exact application, export").set_defaults(func=cmd_check)
 
@@ -217,9 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("test", help="tool tests, then each patch's Tests on the series up to it")
     t.add_argument("--patches-only", action="store_true", help="skip the tool's own tests")
-    t.add_argument("--gpu-per-patch", action="store_true",
-                   help="also run each patch's declared GPU tests on its prefix of the series (by default "
-                        "they run once, on the full series)")
+    t.add_argument(
+        "--gpu-per-patch",
+        action="store_true",
+        help="also run each patch's declared GPU tests on its prefix of the series (by default "
+        "they run once, on the full series)",
+    )
     t.add_argument("pytest_args", nargs="*", help="extra arguments for the tool-test pytest run")
     t.set_defaults(func=cmd_test)
 
@@ -263,8 +297,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(args.func(args, project))
     except PermissionError as e:
         where = e.filename or "a file of the checkout"
-        print(f"error (exit 1): cannot write {where}: permission denied. Run as a user who may write the "
-              "checkout's build/ and .cache/ (or make them writable), or use a checkout of your own.", file=sys.stderr)
+        print(
+            f"error (exit 1): cannot write {where}: permission denied. Run as a user who may write the "
+            "checkout's build/ and .cache/ (or make them writable), or use a checkout of your own.",
+            file=sys.stderr,
+        )
         return 1
     except ToolError as e:
         print(f"{error_label(e)}: {e}", file=sys.stderr)

@@ -1,4 +1,5 @@
 """One exception hierarchy; ``cli.main`` maps it to exit codes in one place (pre-commit style)."""
+
 from __future__ import annotations
 
 

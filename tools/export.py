@@ -5,6 +5,7 @@ output with From/Date set to constants and the message/diff separator written as
 format-patch writes when a stat is present), so re-exporting an unchanged patch is a byte-for-byte
 no-op and headers survive refresh: the header *is* the commit message.
 """
+
 from __future__ import annotations
 
 import re
@@ -94,8 +95,11 @@ def _edited_since_sync(repo: Git, base: str, project: Project, series_names: lis
     if not synced or not repo.is_ancestor(base, synced):
         return []
     commits = repo.commits(base, synced)
-    on_disk = [(c, project.patches_dir / n) for c, n in zip(commits, _match_names(repo, commits, series_names, project), strict=False)
-               if n and (project.patches_dir / n).is_file()]
+    on_disk = [
+        (c, project.patches_dir / n)
+        for c, n in zip(commits, _match_names(repo, commits, series_names, project), strict=False)
+        if n and (project.patches_dir / n).is_file()
+    ]
     return reexport_diff(repo, [c for c, _ in on_disk], [p for _, p in on_disk])
 
 
@@ -157,7 +161,8 @@ def _check_against_series(names: list[str | None], series_names: list[str]) -> N
     unmatched = [n for n in series_names if n not in names]
     if unmatched:
         raise SeriesError(
-            "series entries with no commit in the tree: " + ", ".join(unmatched)
+            "series entries with no commit in the tree: "
+            + ", ".join(unmatched)
             + "\nIf you dropped them on purpose, remove them from series and delete the files; "
             "otherwise re-apply (`make apply`) and redo your change. Nothing was written."
         )
@@ -171,17 +176,22 @@ def _check_against_series(names: list[str | None], series_names: list[str]) -> N
 
 def _refuse_edited(project: Project, repo: Git, edited: list[str], by_name: dict[str | None, str]) -> None:
     raise ToolError(
-        "patch files edited since the tree was last applied or refreshed: " + ", ".join(edited)
-        + "".join(f"\n  {n}: " + _hunk_change(project.patches_dir / n, export_commit(repo, by_name[n]))
-                  for n in edited if n in by_name)
+        "patch files edited since the tree was last applied or refreshed: "
+        + ", ".join(edited)
+        + "".join(
+            f"\n  {n}: " + _hunk_change(project.patches_dir / n, export_commit(repo, by_name[n]))
+            for n in edited
+            if n in by_name
+        )
         + "\nRefreshing would overwrite those edits with the tree's commits. Put the edit in the tree "
         "(a header: `git commit --amend` there; or `make apply FORCE=1` to rebuild the tree from "
         "patches/), or refresh with FORCE=1 to discard it. Nothing was written."
     )
 
 
-def _write_patches(project: Project, repo: Git, commits: list[str], names: list[str | None],
-                   series_names: list[str]) -> ExportOutcome:
+def _write_patches(
+    project: Project, repo: Git, commits: list[str], names: list[str | None], series_names: list[str]
+) -> ExportOutcome:
     """Each commit's patch text into patches/: under its series name, or a new numbered one."""
     texts = [export_commit(repo, c) for c in commits]
     written, unchanged, added = [], [], []

@@ -4,6 +4,7 @@ pre-commit pins, with upstream's isort settings (profile black, sglang first-par
 A file is reported only when the formatter accepts upstream's version of it and not the patched
 one, so upstream's own formatting is never blamed on a patch.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -26,8 +27,19 @@ class Formatter(Enum):
     def argv(self, path: str) -> list[str]:
         if self is Formatter.BLACK:
             return [sys.executable, "-m", "black", "--check", "--diff", "--quiet", "--stdin-filename", path, "-"]
-        return [sys.executable, "-m", "isort", "--check-only", "--diff", "--quiet", "--profile", "black",
-                "--project", "sglang", "-"]
+        return [
+            sys.executable,
+            "-m",
+            "isort",
+            "--check-only",
+            "--diff",
+            "--quiet",
+            "--profile",
+            "black",
+            "--project",
+            "sglang",
+            "-",
+        ]
 
 
 @dataclass(frozen=True)
@@ -38,8 +50,10 @@ class FormatProblem:
 
     def describe(self) -> str:
         head = "\n".join(self.diff.splitlines()[:12])
-        return (f"{self.path}: {self.formatter.value} would reformat the patched file (upstream's own version "
-                f"passes); format it in the tree and `make refresh`:\n{head}")
+        return (
+            f"{self.path}: {self.formatter.value} would reformat the patched file (upstream's own version "
+            f"passes); format it in the tree and `make refresh`:\n{head}"
+        )
 
 
 def missing_formatters() -> list[str]:

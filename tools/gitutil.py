@@ -4,6 +4,7 @@ Everything goes through ``git`` itself (subprocess) with a pinned configuration,
 not depend on a developer's ~/.gitconfig; gitpython is used where reading repository state is all
 that is needed.
 """
+
 from __future__ import annotations
 
 import os
@@ -168,9 +169,7 @@ class Git:
         return any((self.path / ".git" / d).exists() for d in ("rebase-apply", "rebase-merge"))
 
     def show_file(self, rev: str, path: str) -> bytes | None:
-        proc = subprocess.run(
-            ["git", "cat-file", "blob", f"{rev}:{path}"], cwd=self.path, capture_output=True
-        )
+        proc = subprocess.run(["git", "cat-file", "blob", f"{rev}:{path}"], cwd=self.path, capture_output=True)
         return proc.stdout if proc.returncode == 0 else None
 
     def ls_files(self, rev: str) -> list[str]:

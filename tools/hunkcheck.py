@@ -6,6 +6,7 @@ and the expected and actual text, and checking goes on after a failure so one ru
 them. Files are simulated in memory (``TreeState``), so nothing touches git until every hunk of
 every patch has been classified.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -206,8 +207,15 @@ def classify_hunk(
             at, want, have = _first_mismatch(lines, pos - top, old)
             return (
                 HunkResult(
-                    patch, path, h.header, HunkStatus.FUZZ, pos - top + 1,
-                    offset=pos - top - exp, fuzz=fuzz, expected=want, actual=have,
+                    patch,
+                    path,
+                    h.header,
+                    HunkStatus.FUZZ,
+                    pos - top + 1,
+                    offset=pos - top - exp,
+                    fuzz=fuzz,
+                    expected=want,
+                    actual=have,
                 ),
                 None,
                 old,
@@ -215,8 +223,14 @@ def classify_hunk(
     at, want, have = _first_mismatch(lines, max(exp, cursor), old)
     return (
         HunkResult(
-            patch, path, h.header, HunkStatus.FAILED, at + 1,
-            expected=want, actual=have, note=_mismatch_note(want, have),
+            patch,
+            path,
+            h.header,
+            HunkStatus.FAILED,
+            at + 1,
+            expected=want,
+            actual=have,
+            note=_mismatch_note(want, have),
         ),
         None,
         old,
@@ -248,8 +262,16 @@ def damaged_file(patch: str, fp: FilePatch, old_text: str | None, new_text: str)
     got = _text_blob(new_text)
     if got.startswith(fp.new_blob):
         return None
-    return HunkResult(patch, fp.path, "(whole file)", HunkStatus.DAMAGED, 0, expected=fp.new_blob, actual=got,
-                      note=DAMAGED_NOTE.format(patch=patch))
+    return HunkResult(
+        patch,
+        fp.path,
+        "(whole file)",
+        HunkStatus.DAMAGED,
+        0,
+        expected=fp.new_blob,
+        actual=got,
+        note=DAMAGED_NOTE.format(patch=patch),
+    )
 
 
 def _file_level_failure(patch: str, fp: FilePatch, note: str) -> HunkResult:

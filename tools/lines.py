@@ -4,6 +4,7 @@ A line is a series, its patches, its lock and its per-patch CPU tests (``tests/p
 points its patches' ``Tests:`` at its own copy of those tests, so porting the line's tests to the
 new release never touches the line it came from.
 """
+
 from __future__ import annotations
 
 import re
@@ -32,8 +33,10 @@ def start_line(source: Project, ref: str) -> Project:
     """Copy the source line to lines/<ref>/ (still pinned where the source is) and return it."""
     target = source.with_line(ref)
     if target.line_dir.exists():
-        raise UsageError(f"{target.label} exists already: port it with `make rebase SGLANG_REF={ref}`, "
-                         f"or remove the folder to start it again")
+        raise UsageError(
+            f"{target.label} exists already: port it with `make rebase SGLANG_REF={ref}`, "
+            f"or remove the folder to start it again"
+        )
     if pinned_ref(source) == ref:
         raise UsageError(f"line {source.label} is at {ref} already: name another release")
     names = read_series(source.series_path).names
@@ -43,14 +46,18 @@ def start_line(source: Project, ref: str) -> Project:
     shutil.copy2(source.lock_path, target.lock_path)
     for name in names:
         text = (source.patches_dir / name).read_text(encoding="utf-8", errors="surrogateescape")
-        (target.patches_dir / name).write_text(retarget_tests(text, old, new), encoding="utf-8",
-                                               errors="surrogateescape")
+        (target.patches_dir / name).write_text(
+            retarget_tests(text, old, new), encoding="utf-8", errors="surrogateescape"
+        )
     tests = source.line_dir / "tests" / "patches"
     if tests.is_dir():
-        shutil.copytree(tests, target.line_dir / "tests" / "patches",
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    say(f"new line {target.label}: {len(names)} patch(es) and their CPU tests copied from {source.label}; "
-        f"porting it to {ref}")
+        shutil.copytree(
+            tests, target.line_dir / "tests" / "patches", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
+    say(
+        f"new line {target.label}: {len(names)} patch(es) and their CPU tests copied from {source.label}; "
+        f"porting it to {ref}"
+    )
     return target
 
 

@@ -3,6 +3,7 @@
 The header is kept byte for byte (``Patch.header``); fields are read from it but never re-rendered,
 so free text such as ``Anchors:`` lines survives refresh untouched.
 """
+
 from __future__ import annotations
 
 import re
@@ -15,9 +16,7 @@ import unidiff
 from tools.errors import PatchParseError
 
 REQUIRED_FIELDS = ("Subject", "Description", "Applies-To", "Upstream-Status", "Drop-When", "Tests")
-UPSTREAM_STATUS_RE = re.compile(
-    r"^(not upstream|submitted \S+|upstream since v\S+|obsolete since v\S+( \(.+\))?)$"
-)
+UPSTREAM_STATUS_RE = re.compile(r"^(not upstream|submitted \S+|upstream since v\S+|obsolete since v\S+( \(.+\))?)$")
 _FIELD_RE = re.compile(r"^([A-Z][A-Za-z0-9-]*):(.*)$")
 _DIFF_START_RE = re.compile(r"^diff --git ", re.M)
 
@@ -118,8 +117,9 @@ class Patch:
                 "'upstream since vX', 'obsolete since vX (<why>)'"
             )
         if self.fields.get("Superseded-By", "").strip() and self.superseded_by is None:
-            probs.append(f"{self.name}: Superseded-By must read 'vX <what upstream has>', "
-                         f"got {self.fields['Superseded-By']!r}")
+            probs.append(
+                f"{self.name}: Superseded-By must read 'vX <what upstream has>', got {self.fields['Superseded-By']!r}"
+            )
         for t in self.tests:
             if "::" not in t and not t.endswith(".py"):
                 probs.append(f"{self.name}: Tests entry {t!r} is not a pytest node id (path.py::name)")
@@ -134,8 +134,10 @@ def requirement_problems(patches: list[Patch], series_names: list[str]) -> list[
         for need in p.requires:
             if need not in earlier:
                 where = "later in series" if need in series_names else "not in series"
-                probs.append(f"{p.name}: Requires {need}, which is {where}; a patch can only build on "
-                             "earlier ones (reorder series or fix the header)")
+                probs.append(
+                    f"{p.name}: Requires {need}, which is {where}; a patch can only build on "
+                    "earlier ones (reorder series or fix the header)"
+                )
     return probs
 
 
@@ -250,9 +252,7 @@ def locate_short_hunk(diff: str, first_lineno: int) -> str | None:
 
 
 def parse_patch_text(text: str, name: str = "<patch>") -> Patch:
-    if "\r\n" in text and all(
-        ln.endswith("\r") for ln in text.split("\n")[:5] if ln
-    ):
+    if "\r\n" in text and all(ln.endswith("\r") for ln in text.split("\n")[:5] if ln):
         raise PatchParseError(
             f"{name}: the file has CRLF (Windows) line endings throughout, so its header and "
             "context cannot match upstream's LF files. Convert it (e.g. `dos2unix patches/"

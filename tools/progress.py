@@ -1,4 +1,5 @@
 """Progress lines for long steps. They go to stderr so that stdout stays parseable (status tables, reports)."""
+
 from __future__ import annotations
 
 import sys

@@ -1,4 +1,5 @@
 """Where things live in the project, and the knobs that come from the environment."""
+
 from __future__ import annotations
 
 import os
@@ -113,8 +114,9 @@ def pip_index_url() -> str | None:
     if os.environ.get("PIP_INDEX_URL"):
         return os.environ["PIP_INDEX_URL"]
     try:
-        proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
-                              timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     found = {}

@@ -20,6 +20,7 @@ Nothing is dropped silently: upstream/obsolete patches stay in the series unless
 ``--check`` writes the report and changes nothing. On success the patches, ``series`` and
 ``sglang.lock`` are updated together, so the roll is one reviewable change in the project.
 """
+
 from __future__ import annotations
 
 import re
@@ -82,8 +83,12 @@ def _start(project: Project, new_ref: str, patches: list[SeriesPatch]) -> tuple[
     repo = Git.init(path)
     old_base, _ = materialise(project, repo, old_ref)
     # Where the series was made, every index line must hold: a damaged file is refused before it ports.
-    damage = [h.describe() for r in classify(repo, old_base, [sp.patch for sp in patches])
-              for h in r.hunks if h.status is HunkStatus.DAMAGED]
+    damage = [
+        h.describe()
+        for r in classify(repo, old_base, [sp.patch for sp in patches])
+        for h in r.hunks
+        if h.status is HunkStatus.DAMAGED
+    ]
     if damage:
         shutil.rmtree(path)
         raise ToolError("\n".join(damage) + f"\nnot rebasing a damaged series; `make check` at {old_ref} shows it too")
@@ -108,8 +113,9 @@ def _created_by(by_name: dict[str, SeriesPatch], outcomes: list[PatchOutcome]) -
     return out
 
 
-def _port_or_block(repo: Git, sp: SeriesPatch, outcomes: list[PatchOutcome], check: bool,
-                   ctx: SeriesContext) -> PatchOutcome:
+def _port_or_block(
+    repo: Git, sp: SeriesPatch, outcomes: list[PatchOutcome], check: bool, ctx: SeriesContext
+) -> PatchOutcome:
     unmet = unmet_requirements(sp, outcomes)
     if unmet:
         o = PatchOutcome(sp.path.name, RebaseStatus.BLOCKED, "requires " + ", ".join(unmet) + ", which did not port")
@@ -125,7 +131,7 @@ def _run_patches(repo: Git, state: State, patches: list[SeriesPatch], check: boo
     counter.n = len(state.outcomes)
     outcomes = list(state.outcomes)
     renames, added = upstream_moves(repo, state.old_base, state.new_base)
-    for name in state.names[len(state.outcomes):]:
+    for name in state.names[len(state.outcomes) :]:
         counter.step(name)
         ctx = SeriesContext(state.new_ref, state.old_base, renames, _created_by(by_name, outcomes), added)
         o = _port_or_block(repo, by_name[name], outcomes, check, ctx)
@@ -152,7 +158,8 @@ def _finish(project: Project, repo: Git, state: State, outcomes: list[PatchOutco
     if droppable and not drop:
         state.save(repo)  # complete: CONTINUE=1 DROP=1 finishes without redoing resolved conflicts
         raise ToolError(
-            "not updating the series: " + ", ".join(f"{o.name} ({o.status.value})" for o in droppable)
+            "not updating the series: "
+            + ", ".join(f"{o.name} ({o.status.value})" for o in droppable)
             + " would leave it. Read the report; if they really are no longer needed, rerun with DROP=1 "
             "(--drop) to remove them from series and patches/ (after resolving conflicts by hand: "
             f"`make rebase SGLANG_REF={state.new_ref} CONTINUE=1 DROP=1` keeps your resolutions)."
@@ -183,8 +190,16 @@ def _finish(project: Project, repo: Git, state: State, outcomes: list[PatchOutco
     )
 
 
-def run_rebase(project: Project, new_ref: str, *, check: bool = False, drop: bool = False, cont: bool = False,
-               abort: bool = False, report: Path | None = None) -> int:
+def run_rebase(
+    project: Project,
+    new_ref: str,
+    *,
+    check: bool = False,
+    drop: bool = False,
+    cont: bool = False,
+    abort: bool = False,
+    report: Path | None = None,
+) -> int:
     """Port the series to ``new_ref`` (see the module docstring); the library entry point of ``rebase``."""
     report_path = report or report_path_for(project, new_ref, check)
     path = rebase_tree(project, new_ref)
@@ -225,8 +240,10 @@ def run_rebase(project: Project, new_ref: str, *, check: bool = False, drop: boo
     if check:
         conflicts = [o.name for o in outcomes if o.status in (RebaseStatus.CONFLICT, RebaseStatus.BLOCKED)]
         if conflicts:
-            raise ToolError(f"{len(conflicts)} patch(es) do not port to {new_ref} as they are: "
-                            f"{', '.join(conflicts)}; the report is {report_path}")
+            raise ToolError(
+                f"{len(conflicts)} patch(es) do not port to {new_ref} as they are: "
+                f"{', '.join(conflicts)}; the report is {report_path}"
+            )
         return 0
     print(_finish(project, repo, state, outcomes, drop))
     return 0
@@ -250,8 +267,9 @@ def _resume(path: Path, new_ref: str) -> tuple[Git, State]:
     if outs and outs[-1].status is RebaseStatus.CONFLICT:
         last = outs[-1]
         if state.conflict_head and repo.head() == state.conflict_head:  # `git am --skip`
-            outs[-1] = PatchOutcome(last.name, RebaseStatus.UPSTREAM,
-                                    "resolved to nothing by hand (git am --skip): " + last.detail)
+            outs[-1] = PatchOutcome(
+                last.name, RebaseStatus.UPSTREAM, "resolved to nothing by hand (git am --skip): " + last.detail
+            )
         else:
             outs[-1] = PatchOutcome(last.name, RebaseStatus.RESOLVED, last.detail)
     return repo, state.with_outcomes(outs)

@@ -1,4 +1,5 @@
 """One patch onto the rebase tree's HEAD, classified as the rebase report shows it (see ``tools.rebase``)."""
+
 from __future__ import annotations
 
 import re
@@ -76,8 +77,12 @@ def upstream_ownrelease_key(repo: Git, sp: SeriesPatch, old_base: str | None) ->
         if any(ln.kind == "-" for h in f.hunks for ln in h.lines):
             return []
         # private helpers (``_name``) are the patch's own plumbing; the public names are what it provides
-        added = [m.group(1) for h in f.hunks for ln in h.lines
-                 if ln.kind == "+" and (m := _DEF_RE.match(ln.text)) and not m.group(1).startswith("_")]
+        added = [
+            m.group(1)
+            for h in f.hunks
+            for ln in h.lines
+            if ln.kind == "+" and (m := _DEF_RE.match(ln.text)) and not m.group(1).startswith("_")
+        ]
         if not added:
             continue
         new = _defined(repo.show_text("HEAD", f.source))
@@ -92,6 +97,7 @@ def upstream_ownrelease_key(repo: Git, sp: SeriesPatch, old_base: str | None) ->
 class SeriesContext:
     """What port_one needs to know beyond the patch: the old base, upstream's moves, and which
     earlier patches of the series create files (and whether they ported)."""
+
     new_ref: str = ""
     old_base: str | None = None
     renames: dict[str, str] = field(default_factory=dict)  # old path -> new path, upstream's own moves
@@ -118,7 +124,9 @@ def _similar(path: str, added: tuple[str, ...], limit: int = 3) -> list[str]:
     hits = [a for a in added if a.rsplit("/", 1)[-1] == base or a.endswith("_" + base)]
     prefix = path.rsplit("/", 1)[0]
     near = len(prefix.split("/")) - 1  # same package at least up to the parent's parent
-    hits = [a for a in hits if len([1 for x, y in zip(a.split("/"), prefix.split("/"), strict=False) if x == y]) >= near]
+    hits = [
+        a for a in hits if len([1 for x, y in zip(a.split("/"), prefix.split("/"), strict=False) if x == y]) >= near
+    ]
 
     def closeness(a: str) -> tuple[int, str]:
         common = len([1 for x, y in zip(a.split("/"), prefix.split("/"), strict=False) if x == y])
@@ -136,7 +144,9 @@ def _missing_notes(gone: list[str], ctx: SeriesContext) -> tuple[list[str], list
         notes.append("obsolete in part: " + ", ".join(plain) + " removed upstream (no successor found)")
     for p in removed:
         if p not in plain:
-            notes.append(f"{p} removed upstream; new files with a similar name: " + ", ".join(_similar(p, ctx.added_files)))
+            notes.append(
+                f"{p} removed upstream; new files with a similar name: " + ", ".join(_similar(p, ctx.added_files))
+            )
     moved = [f"{p} -> {ctx.renames[p]}" for p in gone if p in ctx.renames]
     if moved:
         notes.append("moved upstream: " + ", ".join(moved))
@@ -191,8 +201,9 @@ def port_one(repo: Git, sp: SeriesPatch, *, check: bool, ctx: SeriesContext | No
 def _upstream_why(own: list[str], since: str) -> str:
     why = []
     if own:
-        why.append("upstream defines what the patch adds (its own version; applying would duplicate it): "
-                   + "; ".join(own))
+        why.append(
+            "upstream defines what the patch adds (its own version; applying would duplicate it): " + "; ".join(own)
+        )
     if since:
         why.append(f"the header declares Upstream-Status: upstream since {since}")
     return "; ".join(why)
@@ -207,8 +218,11 @@ def _hunk_notes(result: object) -> str:
 def unmet_requirements(sp: SeriesPatch, outcomes: list[PatchOutcome]) -> list[str]:
     """The patch's Requires that did not port, with what happened to them."""
     status = {o.name: o.status for o in outcomes}
-    return [f"{need} ({status[need].value if need in status else 'not in the series'})"
-            for need in sp.patch.requires if need not in status or not status[need].provides]
+    return [
+        f"{need} ({status[need].value if need in status else 'not in the series'})"
+        for need in sp.patch.requires
+        if need not in status or not status[need].provides
+    ]
 
 
 def superseded_note(sp: SeriesPatch, new_ref: str) -> str:

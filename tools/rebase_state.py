@@ -1,4 +1,5 @@
 """What a rebase has done so far, kept in the rebase tree across a conflict; and its report."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,10 @@ class State:
         return replace(self, outcomes=tuple(outcomes))
 
     def save(self, repo: Git) -> None:
-        data = {**asdict(self), "outcomes": [{"name": o.name, "status": o.status.value, "detail": o.detail}
-                                             for o in self.outcomes]}
+        data = {
+            **asdict(self),
+            "outcomes": [{"name": o.name, "status": o.status.value, "detail": o.detail} for o in self.outcomes],
+        }
         (repo.path / ".git" / STATE_FILE).write_text(json.dumps(data, indent=1))
 
     @staticmethod
@@ -43,8 +46,9 @@ class State:
         if not p.exists():
             return None
         data = json.loads(p.read_text())
-        outcomes = tuple(PatchOutcome(o["name"], RebaseStatus(o["status"]), o.get("detail", ""))
-                         for o in data.pop("outcomes"))
+        outcomes = tuple(
+            PatchOutcome(o["name"], RebaseStatus(o["status"]), o.get("detail", "")) for o in data.pop("outcomes")
+        )
         return State(**{**data, "names": tuple(data["names"]), "outcomes": outcomes})
 
 
@@ -57,10 +61,18 @@ def report_markdown(state: State, outcomes: list[PatchOutcome], range_diff: str,
     lines += ["| # | patch | status | detail |", "|---|---|---|---|"]
     for i, o in enumerate(outcomes, 1):
         lines.append(f"| {i} | {o.name} | {o.status.value} | {o.detail.replace('|', '/')} |")
-    pending = state.names[len(outcomes):]
+    pending = state.names[len(outcomes) :]
     for j, n in enumerate(pending, len(outcomes) + 1):
         lines.append(f"| {j} | {n} | not reached | |")
-    lines += ["", "## Range-diff (old series vs ported series)", "", "```", range_diff.rstrip() or "(no commits)", "```", ""]
+    lines += [
+        "",
+        "## Range-diff (old series vs ported series)",
+        "",
+        "```",
+        range_diff.rstrip() or "(no commits)",
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 

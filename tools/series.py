@@ -6,6 +6,7 @@ file-name prefixes (Electron's ``.patches``).
 >>> [e.name for e in parse_series_text("# c\\na.patch\\n\\nb.patch  # why\\n")]
 ['a.patch', 'b.patch']
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -78,25 +79,31 @@ def series_problems(series: Series, patches_dir: Path) -> list[SeriesProblem]:
     seen: dict[str, int] = {}
     for e in series.entries:
         if e.name in seen:
-            problems.append(SeriesProblem(
-                SeriesProblemKind.DUPLICATE,
-                f"series:{e.lineno}: {e.name} is listed twice (first on line {seen[e.name]}); remove one",
-            ))
+            problems.append(
+                SeriesProblem(
+                    SeriesProblemKind.DUPLICATE,
+                    f"series:{e.lineno}: {e.name} is listed twice (first on line {seen[e.name]}); remove one",
+                )
+            )
         else:
             seen[e.name] = e.lineno
         if not (patches_dir / e.name).is_file():
-            problems.append(SeriesProblem(
-                SeriesProblemKind.MISSING,
-                f"series:{e.lineno}: {e.name} has no file patches/{e.name}; add the file or remove the line",
-            ))
+            problems.append(
+                SeriesProblem(
+                    SeriesProblemKind.MISSING,
+                    f"series:{e.lineno}: {e.name} has no file patches/{e.name}; add the file or remove the line",
+                )
+            )
     if patches_dir.is_dir():
         for p in sorted(patches_dir.rglob("*.patch")):
             rel = p.relative_to(patches_dir).as_posix()
             if rel not in seen:
-                problems.append(SeriesProblem(
-                    SeriesProblemKind.UNUSED,
-                    f"patches/{rel} is not listed in series; add it to series or delete it",
-                ))
+                problems.append(
+                    SeriesProblem(
+                        SeriesProblemKind.UNUSED,
+                        f"patches/{rel} is not listed in series; add it to series or delete it",
+                    )
+                )
     return problems
 
 

@@ -1,4 +1,5 @@
 """``status``: a table per patch: hunk classification per upstream version, Upstream-Status, Tests."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,7 +55,9 @@ def status_rows(project: Project, refs: list[str]) -> tuple[list[str], list[Stat
 
 
 def render(refs: list[str], rows: list[StatusRow], pinned: str) -> str:
-    head = ["patch"] + [f"{r} (pinned)" if r == pinned else r for r in refs] + ["Applies-To", "Upstream-Status", "Tests"]
+    head = (
+        ["patch"] + [f"{r} (pinned)" if r == pinned else r for r in refs] + ["Applies-To", "Upstream-Status", "Tests"]
+    )
     body = [[r.patch, *r.cells, r.applies_to, r.upstream_status, r.tests] for r in rows]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in body]

@@ -5,6 +5,7 @@ A failure names the patch that broke it. A declared node id that pytest cannot f
 Declared GPU tests (under tests/gpu/) run once, in the full-tree run, unless ``gpu_per_patch``: each
 starts servers, which with a large model takes minutes, and the per-patch run would repeat them.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,9 +36,11 @@ def line_python(project: Project) -> str:
     if project.line_requirements is None:
         return sys.executable
     if not project.line_python.is_file():
-        raise ToolError(f"{project.label} has its own requirements but {project.line_python} does not exist: "
-                        f"`make test SGLANG_REF={project.line}` sets it up (bash ci/bootstrap-venv.sh "
-                        f"{project.line_requirements.relative_to(project.root)} .venv-{project.line})")
+        raise ToolError(
+            f"{project.label} has its own requirements but {project.line_python} does not exist: "
+            f"`make test SGLANG_REF={project.line}` sets it up (bash ci/bootstrap-venv.sh "
+            f"{project.line_requirements.relative_to(project.root)} .venv-{project.line})"
+        )
     return str(project.line_python)
 
 
@@ -126,8 +129,15 @@ def gpu_tests(project: Project, tree: Path) -> TestOutcome | None:
     return TestOutcome("tests/gpu (full series)", ok, "" if ok else _describe(rc))
 
 
-def run_tests(project: Project, tree: Path, ref: str, *, own: bool = True, extra: list[str] | None = None,
-              gpu_per_patch: bool = False) -> list[TestOutcome]:
+def run_tests(
+    project: Project,
+    tree: Path,
+    ref: str,
+    *,
+    own: bool = True,
+    extra: list[str] | None = None,
+    gpu_per_patch: bool = False,
+) -> list[TestOutcome]:
     outcomes = []
     if own:
         outcomes.append(own_tests(project, extra or []))

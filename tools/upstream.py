@@ -11,6 +11,7 @@ itself is fetched here rather than by `pip download`: for an sdist, pip first bu
 (seen: "Preparing metadata (pyproject.toml)" for sglang 0.5.9), which installs upstream's build
 backend from the index and runs it, and pip does not say which URL it fetched, which the lock records.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -107,7 +108,11 @@ def pypi_dist(version: str, index_url: str) -> Dist:
         raise UpstreamError(f"PyPI index {url} cannot be read: {e}") from None
     files = {f["filename"]: f for f in data.get("files", []) if not f.get("yanked")}
     wanted = [(f"sglang-{version}.tar.gz", "pypi-sdist"), (f"sglang-{version}-py3-none-any.whl", "pypi-wheel")]
-    wanted += [(n, "pypi-wheel") for n in sorted(files) if n.startswith(f"sglang-{version}-cp311-cp311-manylinux") and n.endswith("_x86_64.whl")]
+    wanted += [
+        (n, "pypi-wheel")
+        for n in sorted(files)
+        if n.startswith(f"sglang-{version}-cp311-cp311-manylinux") and n.endswith("_x86_64.whl")
+    ]
     for name, kind in wanted:
         if name in files:
             f = files[name]
@@ -127,7 +132,8 @@ def _suspects(sha256: str, pinned_in: str | None) -> str:
     return (
         f"; {pinned_in} (field sha256) pins {sha256}. If {pinned_in} was edited, restore it "
         f"(`git checkout {pinned_in}`) or re-pin deliberately with `--relock`"
-        if pinned_in else f", expected {sha256} (the index's hash)"
+        if pinned_in
+        else f", expected {sha256} (the index's hash)"
     )
 
 
@@ -214,7 +220,7 @@ def extract(archive: Path, kind: str, version: str, dest: Path) -> None:
                         continue
                     if not m.name.startswith(root):
                         raise UpstreamError(f"{archive.name}: unexpected member {m.name} outside {root}")
-                    m.name = m.name[len(root):]
+                    m.name = m.name[len(root) :]
                     if m.name:
                         tf.extract(m, py, filter="data")
         else:
@@ -235,13 +241,25 @@ def fetch_git(repo: Git, url: str, ref: str) -> str:
     """Fetch ``ref`` (tag, branch or commit) from ``url`` into ``repo``; return the commit id."""
     depth = ["--depth=1"] if "://" in url else []  # a full clone of the remote is large
     res = repo.run(
-        "fetch", "--quiet", "--no-tags", *depth, url, f"+{ref}:refs/patches/fetched",
-        check=False, env={"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true"},
+        "fetch",
+        "--quiet",
+        "--no-tags",
+        *depth,
+        url,
+        f"+{ref}:refs/patches/fetched",
+        check=False,
+        env={"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true"},
     )
     if res.returncode != 0:
         res2 = repo.run(
-            "fetch", "--quiet", "--no-tags", *depth, url, f"+refs/tags/{ref}:refs/patches/fetched",
-            check=False, env={"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true"},
+            "fetch",
+            "--quiet",
+            "--no-tags",
+            *depth,
+            url,
+            f"+refs/tags/{ref}:refs/patches/fetched",
+            check=False,
+            env={"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true"},
         )
         if res2.returncode != 0:
             last = ((res2.stderr or res.stderr).strip().splitlines() or ["failed"])[-1]
@@ -258,8 +276,9 @@ def _base_message(entry: LockEntry) -> str:
     )
 
 
-def _import_archive(project: Project, repo: Git, ref: str, dist: Dist,
-                    pinned_in: str | None = None) -> tuple[str, LockEntry]:
+def _import_archive(
+    project: Project, repo: Git, ref: str, dist: Dist, pinned_in: str | None = None
+) -> tuple[str, LockEntry]:
     version = release_version(ref) or ""
     archive = download(dist.url, project.cache_dir / "archives" / dist.filename, dist.sha256, pinned_in)
     entry = LockEntry(ref=ref, source=dist.kind, url=dist.url, sha256=dist.sha256)
@@ -283,15 +302,19 @@ def lock_problems(entry: LockEntry, repo: Git, lock_name: str) -> list[str]:
     version = release_version(entry.ref)
     filename = archive_name(entry)
     if not version or not filename.startswith(f"sglang-{version}-") and filename != f"sglang-{version}.tar.gz":
-        probs.append(f"{lock_name}: ref {entry.ref} and url {entry.url} disagree: the url is not a release "
-                     f"archive of {entry.ref}")
+        probs.append(
+            f"{lock_name}: ref {entry.ref} and url {entry.url} disagree: the url is not a release "
+            f"archive of {entry.ref}"
+        )
     if entry.base_commit and repo.rev(entry.base_commit):
         # _base_message wrote these lines when the archive was imported.
         recorded = dict(re.findall(r"^(URL|SHA256): (\S+)$", repo.message(entry.base_commit), re.M))
         for key, field_name, value in (("SHA256", "sha256", entry.sha256), ("URL", "url", entry.url)):
             if key in recorded and recorded[key] != value:
-                probs.append(f"{lock_name}: field {field_name} is {value}, but the base commit "
-                             f"{entry.base_commit[:12]} was built from {recorded[key]}")
+                probs.append(
+                    f"{lock_name}: field {field_name} is {value}, but the base commit "
+                    f"{entry.base_commit[:12]} was built from {recorded[key]}"
+                )
     return probs
 
 
@@ -388,6 +411,7 @@ def materialise(project: Project, repo: Git, ref: str, *, relock: bool = False) 
         except UpstreamError as e:
             tried.append(f"PyPI: {e}")
     raise UpstreamError(
-        f"no source has SGLang {ref}. Tried:\n  " + "\n  ".join(tried)
+        f"no source has SGLang {ref}. Tried:\n  "
+        + "\n  ".join(tried)
         + "\nCheck the ref (tags look like v0.5.9), set SGLANG_REPO to a local clone, or check the network."
     )

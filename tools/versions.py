@@ -1,4 +1,5 @@
 """SGLang release refs (``v0.5.9``, ``v0.5.10.post1``): the one place that parses them."""
+
 from __future__ import annotations
 
 import re
@@ -36,8 +37,7 @@ _REF_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+-]*")
 
 def check_ref_name(ref: str, what: str) -> str:
     """A ref as the user typed it, refused before any git command or shell sees it unless it is one."""
-    bad = (not _REF_NAME.fullmatch(ref) or ".." in ref or "//" in ref or ref.endswith(("/", ".", ".lock"))
-           or "/." in ref)
+    bad = not _REF_NAME.fullmatch(ref) or ".." in ref or "//" in ref or ref.endswith(("/", ".", ".lock")) or "/." in ref
     if bad:
         raise UsageError(f"{what} {ref!r} is not a git ref (letters, digits and . _ - / + only, e.g. v0.5.9)")
     return ref

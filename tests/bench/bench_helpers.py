@@ -1,4 +1,5 @@
 """Synthetic benchmark results the bench tests share (not a test module)."""
+
 from __future__ import annotations
 
 import os
@@ -27,19 +28,33 @@ def run_fake_bench(out: Path, *args: str, env: dict[str, str] | None = None) -> 
 
 
 def levels(series: dict[int, float], counters: bool = False) -> tuple[LevelRecord, ...]:
-    return tuple(LevelRecord(concurrency=c, requests=max(30, c), output_tokens=int(v * 10), wall_s=10.0, tok_per_s=v,
-                             counters=SwitchCounters(5, 7, 2) if counters else None)
-                 for c, v in series.items())
+    return tuple(
+        LevelRecord(
+            concurrency=c,
+            requests=max(30, c),
+            output_tokens=int(v * 10),
+            wall_s=10.0,
+            tok_per_s=v,
+            counters=SwitchCounters(5, 7, 2) if counters else None,
+        )
+        for c, v in series.items()
+    )
 
 
 def user_results() -> RunResults:
     switch = {c: max(USER_NOSPEC[c], USER_SPEC[c]) * (0.97 if c != 10 else 0.9) for c in LEVELS}
-    return RunResults(meta={"model": "kimi", "tp": 8}, configs={
-        "nospec": ConfigRecord(flags=(), levels=levels(USER_NOSPEC)),
-        "spec": ConfigRecord(flags=("--speculative-algorithm", "EAGLE3"), levels=levels(USER_SPEC)),
-        "switch-v1": ConfigRecord(flags=("--speculative-algorithm", "EAGLE3", "--speculative-disable-batch-size", "0"),
-                                  compare_to=("nospec", "spec"), levels=levels(switch, counters=True)),
-    })
+    return RunResults(
+        meta={"model": "kimi", "tp": 8},
+        configs={
+            "nospec": ConfigRecord(flags=(), levels=levels(USER_NOSPEC)),
+            "spec": ConfigRecord(flags=("--speculative-algorithm", "EAGLE3"), levels=levels(USER_SPEC)),
+            "switch-v1": ConfigRecord(
+                flags=("--speculative-algorithm", "EAGLE3", "--speculative-disable-batch-size", "0"),
+                compare_to=("nospec", "spec"),
+                levels=levels(switch, counters=True),
+            ),
+        },
+    )
 
 
 def stepwise_greedy_margin(model: Any, row: list[int], new_tokens: int) -> float:

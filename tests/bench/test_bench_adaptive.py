@@ -1,6 +1,7 @@
 """Upstream's --speculative-adaptive as benchmark configs: the tier file that turns speculation off
 above N, read by the routing code of the v0.5.15 tree itself, and the refusal on a tree whose
 SGLang lacks a config's flags (CPU, fast)."""
+
 from __future__ import annotations
 
 import json
@@ -18,11 +19,20 @@ from bench.results import ConfigRecord, RunResults
 from bench.server import missing_server_args
 
 ROOT = Path(__file__).resolve().parents[2]
-UPSTREAM_ADAPTIVE = ROOT / "build" / "sglang-v0.5.15" / "python" / "sglang" / "srt" / "speculative" / "adaptive_spec_params.py"
+UPSTREAM_ADAPTIVE = (
+    ROOT / "build" / "sglang-v0.5.15" / "python" / "sglang" / "srt" / "speculative" / "adaptive_spec_params.py"
+)
 
 
-EAGLE_FIELDS = "".join(f"{n} = None\n" for n in ("speculative_algorithm", "speculative_num_steps",
-                                                    "speculative_eagle_topk", "speculative_num_draft_tokens"))
+EAGLE_FIELDS = "".join(
+    f"{n} = None\n"
+    for n in (
+        "speculative_algorithm",
+        "speculative_num_steps",
+        "speculative_eagle_topk",
+        "speculative_num_draft_tokens",
+    )
+)
 
 
 def _tree(tmp_path: Path, server_args: str) -> Path:
@@ -60,12 +70,21 @@ def test_the_tier_file_speculates_up_to_n_and_not_above(tmp_path: Path, monkeypa
 
 def test_adaptive_configs_are_v2_with_thresholds_after_the_baselines() -> None:
     assert [c.name for c in parse_configs("adaptive-v2-off,spec-v2,nospec,adaptive-v2")] == [
-        "spec-v2", "nospec", "adaptive-v2", "adaptive-v2-off"]
+        "spec-v2",
+        "nospec",
+        "adaptive-v2",
+        "adaptive-v2-off",
+    ]
     off = CONFIGS["adaptive-v2-off"]
     assert off.needs_thresholds and not off.switch and "--speculative-adaptive" in off.flags
     assert "speculative_adaptive_config" in off.server_args_needed()
     assert {c.name for c in CONFIGS.values() if c.since} == {
-        "adaptive-v2", "adaptive-v2-off", "adaptive-v2-off-skip", "adaptive-v2-off-plain", "adaptive-v2-off-plain-skip"}
+        "adaptive-v2",
+        "adaptive-v2-off",
+        "adaptive-v2-off-skip",
+        "adaptive-v2-off-plain",
+        "adaptive-v2-off-plain-skip",
+    }
     for name in ("adaptive-v2-off-skip", "adaptive-v2-off-plain", "adaptive-v2-off-plain-skip"):
         variant = CONFIGS[name]
         assert variant.flags == off.flags and variant.adaptive_tiers, name
@@ -76,7 +95,8 @@ def test_configs_the_tree_cannot_run_are_refused_by_name(tmp_path: Path, capsys:
     ours = _tree(tmp_path / "ours", "speculative_disable_batch_size = None\nspeculative_enable_batch_size = None\n")
     upstream = _tree(tmp_path / "upstream", "speculative_adaptive: bool = False\nspeculative_adaptive_config = None\n")
     assert missing_server_args(upstream, ["speculative_adaptive", "speculative_disable_batch_size"]) == [
-        "speculative_disable_batch_size"]
+        "speculative_disable_batch_size"
+    ]
     out = str(tmp_path / "out")
     assert cli.main(["--configs", "nospec,adaptive-v2", "--tree", str(ours), "--out", out]) == 2
     err = capsys.readouterr().err
@@ -87,14 +107,18 @@ def test_configs_the_tree_cannot_run_are_refused_by_name(tmp_path: Path, capsys:
     assert "switch-v2 needs --speculative-disable-batch-size" in err and "adaptive-v2" not in err.split("needs")[0]
 
 
-def test_a_config_whose_environment_switch_the_tree_lacks_is_refused(tmp_path: Path,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_config_whose_environment_switch_the_tree_lacks_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     fields = "speculative_adaptive: bool = False\nspeculative_adaptive_config = None\n"
     before, after = _tree(tmp_path / "0.5.13", fields), _tree(tmp_path / "0.5.15", fields)
     (after / "python" / "sglang" / "srt" / "environ.py").write_text(
-        "class Envs:\n    SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND = EnvBool(False)\n")
+        "class Envs:\n    SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND = EnvBool(False)\n"
+    )
     out = str(tmp_path / "out")
-    assert cli.main(["--configs", "nospec,adaptive-v2-off,adaptive-v2-off-skip", "--tree", str(before), "--out", out]) == 2
+    assert (
+        cli.main(["--configs", "nospec,adaptive-v2-off,adaptive-v2-off-skip", "--tree", str(before), "--out", out]) == 2
+    )
     err = capsys.readouterr().err
     assert "adaptive-v2-off-skip needs SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND (environment)" in err
     assert "adaptive-v2-off needs" not in err and "0.5.14" in err
@@ -112,10 +136,16 @@ def test_an_adaptive_config_gets_no_recommendation_of_its_own() -> None:
     the report advise serving without speculation, with switch flags a 0.5.15 tree does not have."""
     nospec = {10: 2000.0, 30: 5500.0, 100: 14000.0}
     eagle = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3")
-    run = RunResults(meta={}, configs={
-        "nospec": ConfigRecord(flags=(), levels=levels(nospec)),
-        "spec-v2": ConfigRecord(flags=eagle, levels=levels({c: v * 0.6 for c, v in nospec.items()})),
-        "adaptive-v2-off": ConfigRecord(flags=(*eagle, "--speculative-adaptive"), compare_to=("nospec", "spec-v2"),
-                                        levels=levels({c: v * 0.9 for c, v in nospec.items()})),
-    })
+    run = RunResults(
+        meta={},
+        configs={
+            "nospec": ConfigRecord(flags=(), levels=levels(nospec)),
+            "spec-v2": ConfigRecord(flags=eagle, levels=levels({c: v * 0.6 for c, v in nospec.items()})),
+            "adaptive-v2-off": ConfigRecord(
+                flags=(*eagle, "--speculative-adaptive"),
+                compare_to=("nospec", "spec-v2"),
+                levels=levels({c: v * 0.9 for c, v in nospec.items()}),
+            ),
+        },
+    )
     assert set(analyse(run).recommendations) == {"spec-v2"}

@@ -1,4 +1,5 @@
 """Threshold recommendation and the result writers, on synthetic sweeps (CPU, fast)."""
+
 from __future__ import annotations
 
 import csv
@@ -175,8 +176,10 @@ def test_merge_recomputes(tmp_path: Path) -> None:
 
 def test_per_baseline_recommendations() -> None:
     res = user_results()
-    res.configs["spec-v2"] = ConfigRecord(flags=("--speculative-algorithm", "EAGLE3"),
-                                          levels=levels({c: USER_NOSPEC[c] * (1.3 if c <= 5 else 0.5) for c in LEVELS}))
+    res.configs["spec-v2"] = ConfigRecord(
+        flags=("--speculative-algorithm", "EAGLE3"),
+        levels=levels({c: USER_NOSPEC[c] * (1.3 if c <= 5 else 0.5) for c in LEVELS}),
+    )
     before = res.to_json()
     analysis = report.analyse(res)
     assert res.to_json() == before  # the analysis is returned, not written into the run
@@ -204,5 +207,7 @@ def test_a_repeated_config_reports_the_run_to_run_noise() -> None:
     assert analysis.ratios[again.name][1] == pytest.approx(0.99)
     md = report.markdown(res, analysis)
     assert "| nospec-again / max(nospec) | 0.99 |" in md
-    assert ("Run-to-run noise, `nospec` served twice: output tok/s second/first 0.99-1.03 over the levels "
-            "(at most 3.0% apart).") in md
+    assert (
+        "Run-to-run noise, `nospec` served twice: output tok/s second/first 0.99-1.03 over the levels "
+        "(at most 3.0% apart)."
+    ) in md

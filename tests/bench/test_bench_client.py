@@ -1,4 +1,5 @@
 """The load generator's per-wave rates (CPU, fast)."""
+
 from __future__ import annotations
 
 import json
@@ -19,16 +20,24 @@ def _done(started: float, latency: float, tokens: int = 100, error: str | None =
 
 
 def test_waves_are_the_requests_taken_c_at_a_time_over_their_own_span() -> None:
-    run = LevelRun(2, 4.5, [_done(0.0, 1.0), _done(0.1, 0.9),      # 200 tokens over 1.0 s
-                            _done(1.0, 2.0), _done(1.05, 3.5),     # 200 tokens over 3.55 s: a slow wave
-                            _done(4.0, 0.5)])                      # not a whole wave: left out
+    run = LevelRun(
+        2,
+        4.5,
+        [
+            _done(0.0, 1.0),
+            _done(0.1, 0.9),  # 200 tokens over 1.0 s
+            _done(1.0, 2.0),
+            _done(1.05, 3.5),  # 200 tokens over 3.55 s: a slow wave
+            _done(4.0, 0.5),
+        ],
+    )  # not a whole wave: left out
     assert run.wave_tok_per_s() == pytest.approx([200.0, 200 / 3.55])
 
 
 def test_a_waves_send_span_is_from_its_first_send_to_its_last() -> None:
-    run = LevelRun(2, 4.5, [_done(0.0, 1.0), _done(0.1, 0.9),
-                            _done(1.0, 2.0), _done(1.25, 3.5),
-                            _done(4.0, 0.5)])                      # not a whole wave: left out
+    run = LevelRun(
+        2, 4.5, [_done(0.0, 1.0), _done(0.1, 0.9), _done(1.0, 2.0), _done(1.25, 3.5), _done(4.0, 0.5)]
+    )  # not a whole wave: left out
     assert run.wave_send_spread_s() == pytest.approx([0.1, 0.25])
     failed = LevelRun(2, 2.0, [_done(0.0, 1.0), _done(0.3, 1.0, error="HTTP 500"), _done(1.0, 1.0), _done(1.0, 1.0)])
     assert failed.wave_send_spread_s() == pytest.approx([0.0])
@@ -67,8 +76,13 @@ class _CountingServer:
         if body["text"] == "refuse":
             return 503, b"overloaded"
         n = body["sampling_params"]["max_new_tokens"]
-        return 200, json.dumps({"text": body["text"].upper(), "output_ids": list(range(n)),
-                                "meta_info": {"completion_tokens": n, "extra": body.get("return_logprob")}}).encode()
+        return 200, json.dumps(
+            {
+                "text": body["text"].upper(),
+                "output_ids": list(range(n)),
+                "meta_info": {"completion_tokens": n, "extra": body.get("return_logprob")},
+            }
+        ).encode()
 
     def __enter__(self) -> _CountingServer:
         self._server.__enter__()
@@ -84,8 +98,15 @@ def test_a_level_keeps_concurrency_requests_in_flight_and_its_results_in_order()
     prompts = [f"p{i}" for i in range(12)]
     calls: list[tuple[int, int]] = []
     with _CountingServer(delay=0.2) as srv:
-        lr = run_level(srv.url, prompts, 4, {"max_new_tokens": 3}, extra={"rid_tag": "t"},
-                       extra_by_prompt={"p5": {"return_logprob": True}}, on_done=lambda d, n: calls.append((d, n)))
+        lr = run_level(
+            srv.url,
+            prompts,
+            4,
+            {"max_new_tokens": 3},
+            extra={"rid_tag": "t"},
+            extra_by_prompt={"p5": {"return_logprob": True}},
+            on_done=lambda d, n: calls.append((d, n)),
+        )
     assert srv.most == 4, "a closed loop of 4: never more, and the server saw all 4 at once"
     assert [r.prompt for r in lr.results] == prompts and [r.text for r in lr.results] == [p.upper() for p in prompts]
     assert all(r.output_ids == [0, 1, 2] and r.completion_tokens == 3 and not r.error for r in lr.results)

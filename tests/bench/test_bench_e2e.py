@@ -1,5 +1,6 @@
 """`python -m bench` end to end against a fake server (tests/bench/data/fake_tree): server start and
 stop in its own process group, the sweep, counters from /metrics, thresholds from this run, writers."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,23 @@ from bench_helpers import FAKE_TREE, run_fake_bench  # noqa: E402
 
 def test_bench_against_fake_server(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    p = run_fake_bench(out, "--model", "/fake/target", "--draft-model", "/fake/draft", "--configs", "nospec,spec,switch-v1",
-                       "--concurrency", "1,4", "--num-requests", "4", "--max-new-tokens", "8", "--switch-thresholds", "2,1")
+    p = run_fake_bench(
+        out,
+        "--model",
+        "/fake/target",
+        "--draft-model",
+        "/fake/draft",
+        "--configs",
+        "nospec,spec,switch-v1",
+        "--concurrency",
+        "1,4",
+        "--num-requests",
+        "4",
+        "--max-new-tokens",
+        "8",
+        "--switch-thresholds",
+        "2,1",
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
     assert set(res["configs"]) == {"nospec", "spec", "switch-v1"}
@@ -25,11 +41,14 @@ def test_bench_against_fake_server(tmp_path: Path) -> None:
         assert [lv["concurrency"] for lv in c["levels"]] == [1, 4]
         assert all(lv["output_tokens"] == 8 * lv["requests"] and not lv["errors"] for lv in c["levels"]), name
         # every level's requests came in whole waves of C, each with its own rate
-        assert [len(lv["wave_tok_per_s"]) for lv in c["levels"]] == [lv["requests"] // lv["concurrency"]
-                                                                     for lv in c["levels"]], name
+        assert [len(lv["wave_tok_per_s"]) for lv in c["levels"]] == [
+            lv["requests"] // lv["concurrency"] for lv in c["levels"]
+        ], name
         assert all(w > 0 for lv in c["levels"] for w in lv["wave_tok_per_s"]), name
         # and the span over which the client sent it (a wave of one request: none)
-        assert [len(lv["wave_send_spread_s"]) for lv in c["levels"]] == [len(lv["wave_tok_per_s"]) for lv in c["levels"]]
+        assert [len(lv["wave_send_spread_s"]) for lv in c["levels"]] == [
+            len(lv["wave_tok_per_s"]) for lv in c["levels"]
+        ]
         assert all(s == 0 for s in c["levels"][0]["wave_send_spread_s"]), name
         assert all(s >= 0 for s in c["levels"][1]["wave_send_spread_s"]), name
     sw = res["configs"]["switch-v1"]
@@ -49,8 +68,21 @@ def test_bench_against_fake_server(tmp_path: Path) -> None:
 
 def test_switch_thresholds_from_this_run(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    p = run_fake_bench(out, "--model", "/fake/t", "--draft-model", "/fake/d", "--configs", "switch-v1",
-                       "--concurrency", "1", "--num-requests", "1", "--max-new-tokens", "2")
+    p = run_fake_bench(
+        out,
+        "--model",
+        "/fake/t",
+        "--draft-model",
+        "/fake/d",
+        "--configs",
+        "switch-v1",
+        "--concurrency",
+        "1",
+        "--num-requests",
+        "1",
+        "--max-new-tokens",
+        "2",
+    )
     assert p.returncode == 1 and "needs thresholds" in p.stderr
     assert "failed" in json.loads((out / "results.json").read_text())["configs"]["switch-v1"]
 
@@ -77,8 +109,18 @@ def test_time_budget_skips_a_config_that_could_not_finish() -> None:
 
 
 def test_repeat_serves_a_config_again_and_names_a_config_the_run_lacks(tmp_path: Path) -> None:
-    base = ("--model", "/fake/t", "--configs", "nospec", "--concurrency", "1,2", "--num-requests", "2",
-            "--max-new-tokens", "4")
+    base = (
+        "--model",
+        "/fake/t",
+        "--configs",
+        "nospec",
+        "--concurrency",
+        "1,2",
+        "--num-requests",
+        "2",
+        "--max-new-tokens",
+        "4",
+    )
     p = run_fake_bench(tmp_path / "ok", *base, "--repeat", "nospec")
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads((tmp_path / "ok" / "results.json").read_text())
@@ -92,8 +134,19 @@ def test_repeat_serves_a_config_again_and_names_a_config_the_run_lacks(tmp_path:
 
 
 def test_freeze_gc_freezes_each_server_after_its_warm_up(tmp_path: Path) -> None:
-    base = ("--model", "/fake/t", "--configs", "nospec", "--concurrency", "1", "--num-requests", "2",
-            "--max-new-tokens", "4", "--freeze-gc")
+    base = (
+        "--model",
+        "/fake/t",
+        "--configs",
+        "nospec",
+        "--concurrency",
+        "1",
+        "--num-requests",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--freeze-gc",
+    )
     p = run_fake_bench(tmp_path / "ok", *base)
     assert p.returncode == 0, p.stderr[-3000:]
     log = (tmp_path / "ok" / "logs" / "nospec.log").read_text()
@@ -122,8 +175,21 @@ def test_the_warm_up_reaches_every_power_of_two_bucket_of_the_levels(levels: lis
 
 
 def test_each_server_is_warmed_up_at_the_powers_of_two_before_the_levels(tmp_path: Path) -> None:
-    p = run_fake_bench(tmp_path, "--model", "/fake/t", "--configs", "nospec", "--concurrency", "3",
-                       "--num-requests", "3", "--waves", "1", "--max-new-tokens", "4")
+    p = run_fake_bench(
+        tmp_path,
+        "--model",
+        "/fake/t",
+        "--configs",
+        "nospec",
+        "--concurrency",
+        "3",
+        "--num-requests",
+        "3",
+        "--waves",
+        "1",
+        "--max-new-tokens",
+        "4",
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     served = (tmp_path / "logs" / "nospec.log").read_text().count("Decode batch")
     # the readiness probe, the warm-up at 1, 2 and 3 (the level, in place of 4), then the level

@@ -1,4 +1,5 @@
 """Log and /metrics parsers, config selection, prompt loading, CLI plumbing (CPU, fast)."""
+
 from __future__ import annotations
 
 import json
@@ -149,7 +150,9 @@ def test_cli_report_merges(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
     res = user_results()
     (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "results.json").write_text(json.dumps(RunResults({}, {"nospec": res.configs["nospec"]}).to_json()))
+    (tmp_path / "a" / "results.json").write_text(
+        json.dumps(RunResults({}, {"nospec": res.configs["nospec"]}).to_json())
+    )
     (tmp_path / "b.json").write_text(json.dumps(RunResults({}, {"spec": res.configs["spec"]}).to_json()))
     assert cli.main(["report", str(tmp_path / "a"), str(tmp_path / "b.json"), "--out", str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
@@ -182,7 +185,9 @@ def test_captured_graph_sets_from_a_real_switch_server_log() -> None:
     text = (Path(__file__).parent / "data" / "switch-v1-capture.log").read_text()
     sets = captured_graph_sets(text)
     assert [(g.kind, g.sizes[0], g.sizes[-1], g.seconds, g.gigabytes) for g in sets] == [
-        ("target", 1, 64, 44.17, 0.19), ("plain-decode", 5, 64, 2.0, 0.07)]
+        ("target", 1, 64, 44.17, 0.19),
+        ("plain-decode", 5, 64, 2.0, 0.07),
+    ]
     # The draft's graph lines are not the target's.
     assert captured_graph_sets(text, rank=1) == []
 
@@ -207,8 +212,10 @@ def test_steady_decode_rates_leave_out_prefill_and_size_changes() -> None:
     rates = decode_throughput_by_batch_size(text)
     # After each pair of prefill lines the interval also holds a prefill (1399.29, 1460.55, ...);
     # the first line has no interval of its own; the first bs=30 line follows bs=10 steps.
-    assert rates == {10: [2153.70, 2135.33, 2151.27, 2135.45, 2154.11, 2138.01, 2160.45, 2144.82, 2129.37],
-                     30: [6105.17, 6010.82]}
+    assert rates == {
+        10: [2153.70, 2135.33, 2151.27, 2135.45, 2154.11, 2138.01, 2160.45, 2144.82, 2129.37],
+        30: [6105.17, 6010.82],
+    }
     assert decode_throughput_by_batch_size(text, rank=1) == {}
 
 
@@ -217,10 +224,17 @@ def test_report_takes_decode_rates_from_server_logs(tmp_path: Path, capsys: pyte
 
     from bench.results import ConfigRecord, RunResults
 
-    res = RunResults(meta={}, configs={
-        "nospec": ConfigRecord(flags=(), levels=_levels({10: 1900.0, 30: 4400.0})),
-        "switch-v2": ConfigRecord(flags=("--speculative-algorithm", "EAGLE3", "--speculative-disable-batch-size", "4"),
-                                  compare_to=("nospec",), levels=_levels({10: 1300.0, 30: 2900.0}))})
+    res = RunResults(
+        meta={},
+        configs={
+            "nospec": ConfigRecord(flags=(), levels=_levels({10: 1900.0, 30: 4400.0})),
+            "switch-v2": ConfigRecord(
+                flags=("--speculative-algorithm", "EAGLE3", "--speculative-disable-batch-size", "4"),
+                compare_to=("nospec",),
+                levels=_levels({10: 1300.0, 30: 2900.0}),
+            ),
+        },
+    )
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "results.json").write_text(json.dumps(res.to_json()))
     logs = tmp_path / "logs"
@@ -277,8 +291,10 @@ def test_extra_flags_take_several_server_flags() -> None:
 
 
 def test_parse_threshold() -> None:
-    text = ('# TYPE sglang:spec_switch_threshold gauge\nsglang:spec_switch_threshold{model_name="m",tp_rank="0"} 17.0\n'
-            'sglang:spec_switch_tokens_per_second{batch_size="10",mode="spec"} 3120.5\n')
+    text = (
+        '# TYPE sglang:spec_switch_threshold gauge\nsglang:spec_switch_threshold{model_name="m",tp_rank="0"} 17.0\n'
+        'sglang:spec_switch_tokens_per_second{batch_size="10",mode="spec"} 3120.5\n'
+    )
     assert parse_threshold(text) == 17
     assert parse_threshold(METRICS) is None
     assert parse_metrics(text) is None  # the gauges are not counters

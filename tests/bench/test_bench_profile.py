@@ -1,4 +1,5 @@
 """The profile summary: GPU idle time, outermost CPU ops, kernels; and the bench's profile pass (CPU)."""
+
 from __future__ import annotations
 
 import gzip
@@ -17,8 +18,18 @@ from bench.profile import ProfileError, load_trace, summarize  # noqa: E402
 from bench.results import read_results  # noqa: E402
 
 # One config, one short level, against the fake server; each test adds its --profile-* flags.
-PROFILED_NOSPEC = ("--model", "/fake/target", "--configs", "nospec", "--concurrency", "2", "--num-requests", "2",
-                   "--max-new-tokens", "50")
+PROFILED_NOSPEC = (
+    "--model",
+    "/fake/target",
+    "--configs",
+    "nospec",
+    "--concurrency",
+    "2",
+    "--num-requests",
+    "2",
+    "--max-new-tokens",
+    "50",
+)
 
 
 def _x(cat: str, name: str, ts: float, dur: float, tid: int = 1) -> dict:
@@ -26,39 +37,45 @@ def _x(cat: str, name: str, ts: float, dur: float, tid: int = 1) -> dict:
 
 
 def test_idle_time_is_the_window_less_the_union_of_gpu_events() -> None:
-    trace = {"traceEvents": [
-        _x("cpu_op", "launch", 0, 1000),
-        _x("kernel", "a", 1000, 2000, tid=7),
-        _x("kernel", "b", 2000, 2000, tid=7),  # overlaps a by 1 ms: 3 ms busy, not 4
-        _x("gpu_memcpy", "Memcpy DtoH", 8000, 1000, tid=8),
-        _x("cpu_op", "sync", 9000, 1000),
-        {"ph": "i", "name": "instant", "ts": 50000},  # not a complete event: ignored
-    ]}
+    trace = {
+        "traceEvents": [
+            _x("cpu_op", "launch", 0, 1000),
+            _x("kernel", "a", 1000, 2000, tid=7),
+            _x("kernel", "b", 2000, 2000, tid=7),  # overlaps a by 1 ms: 3 ms busy, not 4
+            _x("gpu_memcpy", "Memcpy DtoH", 8000, 1000, tid=8),
+            _x("cpu_op", "sync", 9000, 1000),
+            {"ph": "i", "name": "instant", "ts": 50000},  # not a complete event: ignored
+        ]
+    }
     s = summarize(trace)
     assert (s.window_ms, s.gpu_busy_ms, s.kernels) == (10.0, 4.0, 3)
     assert s.gpu_idle_fraction == pytest.approx(0.6)
 
 
 def test_cpu_ops_count_at_their_outermost_level_per_thread() -> None:
-    trace = {"traceEvents": [
-        _x("cpu_op", "prepare", 0, 5000),
-        _x("cpu_op", "aten::index", 1000, 1000),  # inside prepare
-        _x("cpu_op", "aten::index", 6000, 1000),
-        _x("cpu_op", "aten::index", 500, 300, tid=2),  # another thread: outermost there
-        _x("kernel", "k", 0, 10, tid=7),
-    ]}
+    trace = {
+        "traceEvents": [
+            _x("cpu_op", "prepare", 0, 5000),
+            _x("cpu_op", "aten::index", 1000, 1000),  # inside prepare
+            _x("cpu_op", "aten::index", 6000, 1000),
+            _x("cpu_op", "aten::index", 500, 300, tid=2),  # another thread: outermost there
+            _x("kernel", "k", 0, 10, tid=7),
+        ]
+    }
     ops = {name: (ms, n) for name, ms, n in summarize(trace).top_cpu_ops}
     assert ops == {"prepare": (5.0, 1), "aten::index": (1.3, 2)}
 
 
 def test_runtime_calls_are_ranked_apart_from_the_ops_that_make_them() -> None:
-    trace = {"traceEvents": [
-        _x("cpu_op", "aten::item", 0, 3000),
-        _x("cuda_runtime", "cudaStreamSynchronize", 100, 2800),  # the CPU waiting inside .item()
-        _x("cuda_runtime", "cudaLaunchKernel", 5000, 10),
-        _x("python_function", "scheduler.py(100): event_loop", 0, 9000),  # not a CPU op: ignored
-        _x("kernel", "k", 0, 10, tid=7),
-    ]}
+    trace = {
+        "traceEvents": [
+            _x("cpu_op", "aten::item", 0, 3000),
+            _x("cuda_runtime", "cudaStreamSynchronize", 100, 2800),  # the CPU waiting inside .item()
+            _x("cuda_runtime", "cudaLaunchKernel", 5000, 10),
+            _x("python_function", "scheduler.py(100): event_loop", 0, 9000),  # not a CPU op: ignored
+            _x("kernel", "k", 0, 10, tid=7),
+        ]
+    }
     s = summarize(trace)
     assert s.top_runtime_calls == [("cudaStreamSynchronize", 2.8, 1), ("cudaLaunchKernel", 0.01, 1)]
     assert s.top_cpu_ops == [("aten::item", 3.0, 1)]
@@ -136,7 +153,8 @@ def test_the_wave_start_window_starts_the_profiler_before_the_wave(tmp_path: Pat
     log.write_text("")  # no decode batch needed: nothing waits for one
     posted: list[str] = []
     with _recording_server(posted) as srv:
-        summary = profile_level(srv.url, ["a", "b"], 2, {}, out_dir=tmp_path / "p", log_path=log,
-                                window=ProfileWindow.WAVE_START)
+        summary = profile_level(
+            srv.url, ["a", "b"], 2, {}, out_dir=tmp_path / "p", log_path=log, window=ProfileWindow.WAVE_START
+        )
     assert posted == ["/start_profile", "/generate", "/generate"]
     assert (summary.window_ms, summary.gpu_busy_ms, summary.note) == (2.0, 1.0, "")

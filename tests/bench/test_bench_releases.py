@@ -1,5 +1,6 @@
 """What the benchmark runs and recommends by the tree's release: the switch's configs and flags on
 a tree with the switch, upstream's adaptive mode and a tier file on one without (CPU, fast)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,15 +60,21 @@ def test_the_default_configs_on_the_project_lines() -> None:
     if not all((t / "python" / "sglang").is_dir() for t in trees.values()):
         pytest.skip("needs the v0.5.9, v0.5.15 and v0.5.23 trees (make apply for each)")
     assert {ref: configs_for_tree(t) for ref, t in trees.items()} == {
-        "v0.5.9": DEFAULT_CONFIGS, "v0.5.15": DEFAULT_LINE_CONFIGS, "v0.5.23": DEFAULT_LINE_CONFIGS}
+        "v0.5.9": DEFAULT_CONFIGS,
+        "v0.5.15": DEFAULT_LINE_CONFIGS,
+        "v0.5.23": DEFAULT_LINE_CONFIGS,
+    }
 
 
 def _analysis() -> report.Analysis:
-    run = RunResults(meta={}, configs={
-        "nospec": ConfigRecord(flags=(), levels=levels(NOSPEC)),
-        "spec": ConfigRecord(flags=("--speculative-algorithm", "EAGLE3"), levels=levels(SPEC_V1)),
-        "spec-v2": ConfigRecord(flags=("--speculative-algorithm", "EAGLE3"), levels=levels(SPEC_V2)),
-    })
+    run = RunResults(
+        meta={},
+        configs={
+            "nospec": ConfigRecord(flags=(), levels=levels(NOSPEC)),
+            "spec": ConfigRecord(flags=("--speculative-algorithm", "EAGLE3"), levels=levels(SPEC_V1)),
+            "spec-v2": ConfigRecord(flags=("--speculative-algorithm", "EAGLE3"), levels=levels(SPEC_V2)),
+        },
+    )
     return report.analyse(run)
 
 
@@ -93,11 +100,15 @@ def test_a_tree_with_the_switch_gets_the_switch_flags_and_no_tier_file(tmp_path:
 
 
 def test_no_crossover_gives_the_verdict_and_no_tier_file(tmp_path: Path) -> None:
-    run = RunResults(meta={}, configs={
-        "nospec": ConfigRecord(flags=(), levels=levels(NOSPEC)),
-        "spec-v2": ConfigRecord(flags=("--speculative-algorithm", "EAGLE3"),
-                                levels=levels({c: v * 0.8 for c, v in NOSPEC.items()})),
-    })
+    run = RunResults(
+        meta={},
+        configs={
+            "nospec": ConfigRecord(flags=(), levels=levels(NOSPEC)),
+            "spec-v2": ConfigRecord(
+                flags=("--speculative-algorithm", "EAGLE3"), levels=levels({c: v * 0.8 for c, v in NOSPEC.items()})
+            ),
+        },
+    )
     [line] = recommended_flags(report.analyse(run), _tree(tmp_path / "upstream", ADAPTIVE), tmp_path)
     assert line.startswith("spec-v2 against nospec: speculation never pays")
     assert not (tmp_path / "recommended-tiers.json").exists()
@@ -115,8 +126,12 @@ SKIP = {10: 0.96, 30: 0.97, 100: 0.97}
 
 def test_the_fastest_steps_zero_variant_is_named_with_its_environment(tmp_path: Path) -> None:
     plain = {10: 0.99, 30: 0.99, 100: 0.98}
-    analysis = _with_off_variants(adaptive_v2_off=OFF, adaptive_v2_off_skip=SKIP, adaptive_v2_off_plain=plain,
-                                  nospec_again={10: 1.01, 30: 0.99, 100: 1.0})
+    analysis = _with_off_variants(
+        adaptive_v2_off=OFF,
+        adaptive_v2_off_skip=SKIP,
+        adaptive_v2_off_plain=plain,
+        nospec_again={10: 1.01, 30: 0.99, 100: 1.0},
+    )
     tier_line, line = recommended_flags(analysis, _tree(tmp_path / "v0.5.15", ADAPTIVE), tmp_path)
     assert "--speculative-adaptive-config" in tier_line
     assert "adaptive-v2-off 0.910, adaptive-v2-off-skip 0.967, adaptive-v2-off-plain 0.987" in line
@@ -126,8 +141,9 @@ def test_the_fastest_steps_zero_variant_is_named_with_its_environment(tmp_path: 
 
 def test_a_lead_within_the_noise_is_called_so_and_an_unmeasured_noise_is_asked_for() -> None:
     close = {10: 0.97, 30: 0.98, 100: 0.97}
-    noisy = _with_off_variants(adaptive_v2_off_skip=SKIP, adaptive_v2_off_plain=close,
-                               nospec_again={10: 1.03, 30: 0.98, 100: 1.0})
+    noisy = _with_off_variants(
+        adaptive_v2_off_skip=SKIP, adaptive_v2_off_plain=close, nospec_again={10: 1.03, 30: 0.98, 100: 1.0}
+    )
     [line] = fastest_off_variant(noisy)
     assert "fastest adaptive-v2-off-plain" in line and "within this run's noise (0.030" in line
     [line] = fastest_off_variant(_with_off_variants(adaptive_v2_off=OFF, adaptive_v2_off_skip=SKIP))
@@ -141,11 +157,14 @@ def test_an_off_regime_run_without_spec_v2_still_names_the_fastest_steps_zero_va
     skip = {c: NOSPEC[c] * 0.5 for c in (10, 30, 100)}
     plain = {c: NOSPEC[c] * 0.9 for c in (10, 30, 100)}
     eagle = ("--speculative-algorithm", "EAGLE3", "--speculative-adaptive")
-    run = RunResults(meta={}, configs={
-        "nospec": ConfigRecord(flags=(), levels=levels({c: NOSPEC[c] for c in (10, 30, 100)})),
-        "adaptive-v2-off-skip": ConfigRecord(flags=eagle, levels=levels(skip)),
-        "adaptive-v2-off-plain": ConfigRecord(flags=eagle, levels=levels(plain)),
-    })
+    run = RunResults(
+        meta={},
+        configs={
+            "nospec": ConfigRecord(flags=(), levels=levels({c: NOSPEC[c] for c in (10, 30, 100)})),
+            "adaptive-v2-off-skip": ConfigRecord(flags=eagle, levels=levels(skip)),
+            "adaptive-v2-off-plain": ConfigRecord(flags=eagle, levels=levels(plain)),
+        },
+    )
     [line] = recommended_flags(report.analyse(run), _tree(tmp_path / "v0.5.15", ADAPTIVE), tmp_path)
     assert "fastest adaptive-v2-off-plain (SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE=1), ahead by 0.400" in line
     assert not (tmp_path / "recommended-tiers.json").exists()

@@ -1,5 +1,6 @@
 """The typed result records and their results.json form: real files load and round-trip, the
 reports drawn from them are unchanged, unknown keys are kept and malformed files are clear errors (CPU, fast)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -82,9 +83,19 @@ def test_cli_report_redraws_a_real_run(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def _minimal() -> dict[str, Any]:
-    level = {"concurrency": 1, "requests": 2, "output_tokens": 20, "wall_s": 1.0, "tok_per_s": 20.0, "errors": [],
-             "counters": None}
-    return {"meta": {"model": "m"}, "configs": {"nospec": {"flags": [], "env": {}, "compare_to": [], "levels": [level]}}}
+    level = {
+        "concurrency": 1,
+        "requests": 2,
+        "output_tokens": 20,
+        "wall_s": 1.0,
+        "tok_per_s": 20.0,
+        "errors": [],
+        "counters": None,
+    }
+    return {
+        "meta": {"model": "m"},
+        "configs": {"nospec": {"flags": [], "env": {}, "compare_to": [], "levels": [level]}},
+    }
 
 
 def test_unknown_keys_are_kept_and_written_back() -> None:
@@ -101,21 +112,40 @@ def test_unknown_keys_are_kept_and_written_back() -> None:
     assert merged.to_json(report.analyse(merged))["note"] == "top"
 
 
-@pytest.mark.parametrize("edit,message", [
-    (lambda d: d["configs"]["nospec"]["levels"][0].pop("tok_per_s"), r"configs\['nospec'\]\.levels\[0\]: no 'tok_per_s'"),
-    (lambda d: d["configs"]["nospec"]["levels"][0].update(requests="2"), r"levels\[0\]\.requests: expected an integer"),
-    (lambda d: d["configs"]["nospec"]["levels"][0].update(counters={"spec_steps": 1, "fallback_steps": 0, "switches": 0,
-                                                                    "verify_steps": 3}),
-     r"levels\[0\]\.counters: unknown key\(s\) 'verify_steps'"),
-    (lambda d: d["configs"]["nospec"]["levels"][0].update(decode_tok_per_s=5.0), "'decode_tok_per_s' without 'decode_lines'"),
-    (lambda d: d["configs"]["nospec"].pop("env"), "but not all of"),
-    (lambda d: d["configs"]["nospec"].update(graph_sets=[{"kind": "target", "sizes": [1], "seconds": 1.0}]),
-     r"graph_sets\[0\]: no 'gigabytes'"),
-    (lambda d: d["configs"]["nospec"].update(log_counters={"rank0": None}), "key 'rank0' is not an integer"),
-    (lambda d: d.update(configs=[]), "configs: expected an object"),
-    (lambda d: d["configs"]["nospec"]["levels"][0].update(wave_tok_per_s=[10.0, "fast"]),
-     r"levels\[0\]\.wave_tok_per_s: expected a list of numbers"),
-])
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (
+            lambda d: d["configs"]["nospec"]["levels"][0].pop("tok_per_s"),
+            r"configs\['nospec'\]\.levels\[0\]: no 'tok_per_s'",
+        ),
+        (
+            lambda d: d["configs"]["nospec"]["levels"][0].update(requests="2"),
+            r"levels\[0\]\.requests: expected an integer",
+        ),
+        (
+            lambda d: d["configs"]["nospec"]["levels"][0].update(
+                counters={"spec_steps": 1, "fallback_steps": 0, "switches": 0, "verify_steps": 3}
+            ),
+            r"levels\[0\]\.counters: unknown key\(s\) 'verify_steps'",
+        ),
+        (
+            lambda d: d["configs"]["nospec"]["levels"][0].update(decode_tok_per_s=5.0),
+            "'decode_tok_per_s' without 'decode_lines'",
+        ),
+        (lambda d: d["configs"]["nospec"].pop("env"), "but not all of"),
+        (
+            lambda d: d["configs"]["nospec"].update(graph_sets=[{"kind": "target", "sizes": [1], "seconds": 1.0}]),
+            r"graph_sets\[0\]: no 'gigabytes'",
+        ),
+        (lambda d: d["configs"]["nospec"].update(log_counters={"rank0": None}), "key 'rank0' is not an integer"),
+        (lambda d: d.update(configs=[]), "configs: expected an object"),
+        (
+            lambda d: d["configs"]["nospec"]["levels"][0].update(wave_tok_per_s=[10.0, "fast"]),
+            r"levels\[0\]\.wave_tok_per_s: expected a list of numbers",
+        ),
+    ],
+)
 def test_malformed_results_are_clear_errors(edit: Any, message: str) -> None:
     data = _minimal()
     edit(data)
@@ -155,8 +185,14 @@ def test_level_records_are_frozen_and_decode_rates_make_new_ones() -> None:
 
 
 def test_profile_records_write_every_summary_field() -> None:
-    s = ProfileSummary(window_ms=10.0, gpu_busy_ms=3.0, gpu_idle_fraction=0.7, kernels=4,
-                       top_cpu_ops=[("aten::index", 5.0, 2)], note="n")
+    s = ProfileSummary(
+        window_ms=10.0,
+        gpu_busy_ms=3.0,
+        gpu_idle_fraction=0.7,
+        kernels=4,
+        top_cpu_ops=[("aten::index", 5.0, 2)],
+        note="n",
+    )
     rec = ProfileRecord(4, summary=s)
     assert rec.to_json() == _json({"concurrency": 4, **s.as_dict()})
     assert ProfileRecord.from_json(rec.to_json(), "p") == rec
@@ -166,7 +202,9 @@ def test_profile_records_write_every_summary_field() -> None:
     start = ProfileRecord(4, summary=s, window=ProfileWindow.WAVE_START)
     assert start.to_json()["profiled_steps"] == "wave-start"
     assert ProfileRecord.from_json(start.to_json(), "p") == start != rec
-    with pytest.raises(ResultsError, match=r"p\.profiled_steps: 'middle' is not a profile window \(full-batch, wave-start\)"):
+    with pytest.raises(
+        ResultsError, match=r"p\.profiled_steps: 'middle' is not a profile window \(full-batch, wave-start\)"
+    ):
         ProfileRecord.from_json({**start.to_json(), "profiled_steps": "middle"}, "p")
 
 
@@ -180,7 +218,12 @@ def test_stored_analysis_reads_what_analyse_wrote() -> None:
 
 def test_run_settings_apply_the_quick_defaults() -> None:
     quick = cli.RunSettings.from_args(cli.parse(["--quick"]))
-    assert (quick.levels, quick.num_requests, quick.waves, quick.max_new_tokens) == (tuple(cli.QUICK_LEVELS), 10, 1, 128)
+    assert (quick.levels, quick.num_requests, quick.waves, quick.max_new_tokens) == (
+        tuple(cli.QUICK_LEVELS),
+        10,
+        1,
+        128,
+    )
     full = cli.RunSettings.from_args(cli.parse(["--no-ignore-eos", "--switch-thresholds", "8,6"]))
     assert (full.levels, full.num_requests, full.waves, full.max_new_tokens) == (tuple(cli.FULL_LEVELS), 30, 3, 512)
     assert full.sampling == {"temperature": 0.0, "max_new_tokens": 512, "ignore_eos": False}
@@ -191,7 +234,9 @@ def test_run_settings_apply_the_quick_defaults() -> None:
 
 def test_wave_rates_round_trip_and_their_spread_is_reported() -> None:
     waves = (1850.0, 1903.5, 1880.0)
-    level = LevelRecord(concurrency=10, requests=30, output_tokens=15360, wall_s=8.2, tok_per_s=1873.2, wave_tok_per_s=waves)
+    level = LevelRecord(
+        concurrency=10, requests=30, output_tokens=15360, wall_s=8.2, tok_per_s=1873.2, wave_tok_per_s=waves
+    )
     assert LevelRecord.from_json(_json(level.to_json()), "level") == level
     assert "wave_tok_per_s" not in dataclasses.replace(level, wave_tok_per_s=()).to_json()  # older runs have none
     run = RunResults(meta={}, configs={"nospec": ConfigRecord(flags=(), levels=(level,))})
@@ -200,8 +245,15 @@ def test_wave_rates_round_trip_and_their_spread_is_reported() -> None:
 
 
 def test_wave_send_spans_round_trip_and_the_longest_is_reported_beside_the_waves() -> None:
-    level = LevelRecord(concurrency=70, requests=210, output_tokens=53760, wall_s=5.3, tok_per_s=10140.5,
-                        wave_tok_per_s=(10896.6, 8648.8, 8017.7), wave_send_spread_s=(0.004, 0.1812, 0.02))
+    level = LevelRecord(
+        concurrency=70,
+        requests=210,
+        output_tokens=53760,
+        wall_s=5.3,
+        tok_per_s=10140.5,
+        wave_tok_per_s=(10896.6, 8648.8, 8017.7),
+        wave_send_spread_s=(0.004, 0.1812, 0.02),
+    )
     assert LevelRecord.from_json(_json(level.to_json()), "level") == level
     assert "wave_send_spread_s" not in dataclasses.replace(level, wave_send_spread_s=()).to_json()
     run = RunResults(meta={}, configs={"nospec": ConfigRecord(flags=(), levels=(level,))})
@@ -210,19 +262,35 @@ def test_wave_send_spans_round_trip_and_the_longest_is_reported_beside_the_waves
 
 def test_learned_thresholds_round_trip_and_are_reported_beside_the_crossovers() -> None:
     def level(c: int, out: float, decode: float, threshold: int | None = None) -> LevelRecord:
-        return LevelRecord(concurrency=c, requests=3 * c, output_tokens=int(out), wall_s=1.0, tok_per_s=out,
-                           decode_tok_per_s=decode, decode_lines=4, switch_threshold=threshold)
+        return LevelRecord(
+            concurrency=c,
+            requests=3 * c,
+            output_tokens=int(out),
+            wall_s=1.0,
+            tok_per_s=out,
+            decode_tok_per_s=decode,
+            decode_lines=4,
+            switch_threshold=threshold,
+        )
 
     auto = (level(10, 2200, 3100, 12), level(30, 5300, 5900, 19))
     assert LevelRecord.from_json(_json(auto[1].to_json()), "level") == auto[1]
     assert "switch_threshold" not in level(10, 1, 1).to_json()  # configs that learn nothing have none
-    run = RunResults(meta={}, configs={
-        "nospec": ConfigRecord(flags=(), levels=(level(10, 2000, 2100), level(30, 5400, 6000))),
-        "spec-v2": ConfigRecord(flags=("--speculative-algorithm", "EAGLE3"),
-                                levels=(level(10, 2200, 3150), level(30, 4000, 4500))),
-        "switch-v2-auto": ConfigRecord(flags=("--speculative-disable-batch-size", "auto"),
-                                       compare_to=("nospec", "spec-v2"), levels=auto)})
+    run = RunResults(
+        meta={},
+        configs={
+            "nospec": ConfigRecord(flags=(), levels=(level(10, 2000, 2100), level(30, 5400, 6000))),
+            "spec-v2": ConfigRecord(
+                flags=("--speculative-algorithm", "EAGLE3"), levels=(level(10, 2200, 3150), level(30, 4000, 4500))
+            ),
+            "switch-v2-auto": ConfigRecord(
+                flags=("--speculative-disable-batch-size", "auto"), compare_to=("nospec", "spec-v2"), levels=auto
+            ),
+        },
+    )
     text = report.markdown(run, report.analyse(run))
     decode = 10 * 3 ** (math.log(3150 / 2100) / (math.log(3150 / 2100) - math.log(4500 / 6000)))
-    assert (f"- `switch-v2-auto` learned threshold at the end of each level: C=10: 12, C=30: 19; the run's "
-            f"crossover of `spec-v2` and `nospec`: decode step C~{decode:.1f}, output C~") in text
+    assert (
+        f"- `switch-v2-auto` learned threshold at the end of each level: C=10: 12, C=30: 19; the run's "
+        f"crossover of `spec-v2` and `nospec`: decode step C~{decode:.1f}, output C~"
+    ) in text

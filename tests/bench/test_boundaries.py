@@ -1,4 +1,5 @@
 """`python -m bench boundaries` on a real run's server logs (docs/bench/sweep-trained-gpu-bound)."""
+
 from __future__ import annotations
 
 import shutil

@@ -5,6 +5,7 @@ accepts `--cuda-graph-max-bs`, and declares its fields outside server_args.py).
 
 A line is checked when its tree is built (`make apply [SGLANG_REF=<ref>]`) and its environment is
 set up (`make test SGLANG_REF=<ref>`; the default line uses this one)."""
+
 from __future__ import annotations
 
 import json
@@ -98,7 +99,8 @@ def _gpu_suite_cases(tree: Path, models: tuple[str, str], monkeypatch: pytest.Mo
 
 @pytest.mark.parametrize("ref,python", _lines())
 def test_every_server_command_line_parses_with_the_lines_sglang(
-        ref: str, python: Path, models: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ref: str, python: Path, models: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tree = PROJECT.tree_for(ref)
     if not (tree / "python" / "sglang" / "srt" / "server_args.py").is_file():
         pytest.skip(f"no tree at {tree}: make apply SGLANG_REF={ref}")
@@ -106,8 +108,9 @@ def test_every_server_command_line_parses_with_the_lines_sglang(
         pytest.skip(f"no environment for this line at {python}: make test SGLANG_REF={ref}")
     cases = _bench_cases(tree, models, tmp_path) + _gpu_suite_cases(tree, models, monkeypatch)
     env = {**os.environ, "PYTHONPATH": str(tree / "python")}
-    res = subprocess.run([str(python), "-c", PARSE_EACH], input=json.dumps(cases), capture_output=True, text=True,
-                         env=env, timeout=600)
+    res = subprocess.run(
+        [str(python), "-c", PARSE_EACH], input=json.dumps(cases), capture_output=True, text=True, env=env, timeout=600
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     failures = json.loads(res.stdout.strip().splitlines()[-1])
     assert not failures, "\n".join(f"{name}: {err[:400]}" for name, err in failures.items())
@@ -120,9 +123,15 @@ def test_every_server_command_line_parses_with_the_lines_sglang(
 
 
 def test_the_decode_graph_cap_flag_follows_the_release() -> None:
-    names = {ref: cuda_graph_max_bs_flag(PROJECT.tree_for(ref)) for ref in ("v0.5.9", "v0.5.15", "v0.5.23")
-             if (PROJECT.tree_for(ref) / "python" / "sglang").is_dir()}
+    names = {
+        ref: cuda_graph_max_bs_flag(PROJECT.tree_for(ref))
+        for ref in ("v0.5.9", "v0.5.15", "v0.5.23")
+        if (PROJECT.tree_for(ref) / "python" / "sglang").is_dir()
+    }
     if len(names) < 3:
         pytest.skip("needs the v0.5.9, v0.5.15 and v0.5.23 trees (make apply for each)")
-    assert names == {"v0.5.9": "--cuda-graph-max-bs", "v0.5.15": "--cuda-graph-max-bs-decode",
-                     "v0.5.23": "--cuda-graph-max-bs-decode"}
+    assert names == {
+        "v0.5.9": "--cuda-graph-max-bs",
+        "v0.5.15": "--cuda-graph-max-bs-decode",
+        "v0.5.23": "--cuda-graph-max-bs-decode",
+    }

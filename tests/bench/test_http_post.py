@@ -1,4 +1,5 @@
 """The load client's HTTP/1.1 POST: replies read whole, chunked or sized, and what is not HTTP."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,12 +24,12 @@ def parse_reply(raw: bytes) -> tuple[int, bytes]:
 
 
 def test_a_sized_reply_is_cut_at_its_length() -> None:
-    raw = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 7\r\n\r\n{\"a\":1}trailing"
+    raw = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 7\r\n\r\n{"a":1}trailing'
     assert parse_reply(raw) == (200, b'{"a":1}')
 
 
 def test_a_chunked_reply_is_joined() -> None:
-    raw = b"HTTP/1.1 400 Bad Request\r\ntransfer-encoding: chunked\r\n\r\n4\r\n{\"a\"\r\n9;x=1\r\n:[1,2,3]}\r\n0\r\n\r\n"
+    raw = b'HTTP/1.1 400 Bad Request\r\ntransfer-encoding: chunked\r\n\r\n4\r\n{"a"\r\n9;x=1\r\n:[1,2,3]}\r\n0\r\n\r\n'
     assert parse_reply(raw) == (400, b'{"a":[1,2,3]}')
 
 
@@ -36,13 +37,18 @@ def test_a_reply_read_to_its_end_needs_no_length() -> None:
     assert parse_reply(b"HTTP/1.0 200 OK\r\nServer: x\r\n\r\nbody") == (200, b"body")
 
 
-@pytest.mark.parametrize("raw,message", [
-    (b"", "ended early"), (b"garbage", "ended early"), (b"HTTP/1.1 OK\r\n\r\n", "not an HTTP reply"),
-    (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP reply"),
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", "ended early"),
-    (b"HTTP/1.1 200 OK\r\nContent-Length: ten\r\n\r\nshort", "not an HTTP reply"),
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "not an HTTP reply"),
-])
+@pytest.mark.parametrize(
+    "raw,message",
+    [
+        (b"", "ended early"),
+        (b"garbage", "ended early"),
+        (b"HTTP/1.1 OK\r\n\r\n", "not an HTTP reply"),
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP reply"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", "ended early"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: ten\r\n\r\nshort", "not an HTTP reply"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "not an HTTP reply"),
+    ],
+)
 def test_what_is_not_a_whole_http_reply_is_an_error(raw: bytes, message: str) -> None:
     with pytest.raises(HttpError, match=message):
         parse_reply(raw)

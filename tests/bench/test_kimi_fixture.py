@@ -1,6 +1,7 @@
 """The Kimi-K2.5-shaped fixture's generator on CPU at a small width (bench/kimi_fixture.py). That its
 checkpoint loads into SGLang's real KimiK25ForConditionalGeneration is checked with 0002's tests
 (tests/patches/test_kimi_k25_eagle3.py)."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,16 @@ import pytest
 from bench import fixtures
 from bench.kimi_fixture import KIMI_PAIRS, MEDIA_PAD, KimiParams
 
-SMALL = KimiParams(hidden=256, heads=2, q_lora_rank=64, intermediate=512, moe_intermediate=64,
-                   draft_heads=2, draft_kv_heads=1, draft_intermediate=256)
+SMALL = KimiParams(
+    hidden=256,
+    heads=2,
+    q_lora_rank=64,
+    intermediate=512,
+    moe_intermediate=64,
+    draft_heads=2,
+    draft_kv_heads=1,
+    draft_intermediate=256,
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +59,8 @@ def test_exact_and_random_targets_differ_where_they_should(fx: fixtures.Fixtures
     assert torch.equal(exact[lm + "lm_head.weight"], exact[lm + "model.embed_tokens.weight"])
     zero = [k for k in exact if k.endswith(("o_proj.weight", "down_proj.weight")) and k.startswith(lm)]
     assert len(zero) == SMALL.layers + SMALL.dense_layers + (SMALL.layers - SMALL.dense_layers) * (
-        SMALL.routed_experts + 1)
+        SMALL.routed_experts + 1
+    )
     assert not any(exact[k].any() for k in zero) and all(rand[k].any() for k in zero)
     draft = json.loads((fx.path("draft-kimi-exact") / "config.json").read_text())
     assert draft["architectures"] == ["LlamaForCausalLMEagle3"] and draft["target_hidden_size"] == SMALL.hidden

@@ -1,5 +1,6 @@
 """bench.split_runs: a sweep split across runs keeps every ratio inside the run that measured it
 (CPU, fast)."""
+
 from __future__ import annotations
 
 import sys
@@ -28,8 +29,9 @@ def _run(nospec: dict[int, float], switch: dict[int, float], spec: dict[int, flo
 
 # Run "low" measured the low levels with both references; run "high" the high ones without spec-v2,
 # on a machine whose nospec ran 10% faster at C=100 than run "low"'s.
-LOW = _run(nospec={1: 200.0, 10: 2000.0, 100: 10000.0}, spec={1: 400.0, 10: 2100.0, 100: 5000.0},
-           switch={1: 396.0, 10: 1890.0})
+LOW = _run(
+    nospec={1: 200.0, 10: 2000.0, 100: 10000.0}, spec={1: 400.0, 10: 2100.0, 100: 5000.0}, switch={1: 396.0, 10: 1890.0}
+)
 HIGH = _run(nospec={100: 11000.0, 250: 20000.0}, switch={100: 10780.0, 250: 20400.0})
 
 

@@ -1,4 +1,5 @@
 """The greedy margins that choose the trained set's prompts, against a step-by-step reference."""
+
 from __future__ import annotations
 
 import sys
@@ -19,8 +20,15 @@ def _model() -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    cfg = LlamaConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -41,7 +49,9 @@ def test_the_served_copy_holds_the_weights_rounded_to_the_served_dtype() -> None
     served = served_copy(model, "float16")
     for (name, p), q in zip(model.named_parameters(), served.parameters(), strict=True):
         assert q.dtype == torch.float32 and torch.equal(q, p.detach().half().float()), name
-    assert not all(torch.equal(p, q) for p, q in zip(model.parameters(), served.parameters(), strict=True)), "the original is kept"
+    assert not all(torch.equal(p, q) for p, q in zip(model.parameters(), served.parameters(), strict=True)), (
+        "the original is kept"
+    )
 
 
 def test_the_prompts_furthest_from_a_tie_are_kept_in_their_order() -> None:

@@ -1,5 +1,6 @@
 """The trained fixtures' generator on CPU, at toy sizes: corpus, training, the pass-through targets,
 the draft's unrolled attention and its checkpoint (what runs on the GPU machine at full size)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,17 +16,44 @@ from bench import fixtures
 from bench.corpus import CorpusError, code_corpus, code_prompts, source_files
 from bench.trained_params import TrainedParams, TrainingError, captured_layers
 
-TOY = TrainedParams(hidden=64, heads=4, kv_heads=2, intermediate=128, draft_intermediate=64, vocab=300,
-                    corpus_bytes=300_000, seq_len=64, batch=8, target_steps=80, draft_steps=40, target_lr=3e-3,
-                    gpu_bound_layers=12, prompt_count=16, prompt_candidates=40, prompt_new_tokens=8, device="cpu")
+TOY = TrainedParams(
+    hidden=64,
+    heads=4,
+    kv_heads=2,
+    intermediate=128,
+    draft_intermediate=64,
+    vocab=300,
+    corpus_bytes=300_000,
+    seq_len=64,
+    batch=8,
+    target_steps=80,
+    draft_steps=40,
+    target_lr=3e-3,
+    gpu_bound_layers=12,
+    prompt_count=16,
+    prompt_candidates=40,
+    prompt_new_tokens=8,
+    device="cpu",
+)
 CUDNN_ATTENTION_WARNING = (  # the warning of the 2026-12-02 generation on the H200
     "cuDNN Attention defaults to a non-deterministic algorithm. To explicitly enable determinism call "
-    "torch.use_deterministic_algorithms(True, warn_only=False).")
+    "torch.use_deterministic_algorithms(True, warn_only=False)."
+)
 DRAFT_NAMES = {
-    "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
-    "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight", "midlayer.post_attention_layernorm.weight",
-    "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight", "midlayer.self_attn.v_proj.weight",
-    "midlayer.self_attn.o_proj.weight", "midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight",
+    "fc.weight",
+    "norm.weight",
+    "lm_head.weight",
+    "d2t",
+    "t2d",
+    "midlayer.input_layernorm.weight",
+    "midlayer.hidden_norm.weight",
+    "midlayer.post_attention_layernorm.weight",
+    "midlayer.self_attn.q_proj.weight",
+    "midlayer.self_attn.k_proj.weight",
+    "midlayer.self_attn.v_proj.weight",
+    "midlayer.self_attn.o_proj.weight",
+    "midlayer.mlp.gate_proj.weight",
+    "midlayer.mlp.up_proj.weight",
     "midlayer.mlp.down_proj.weight",
 }
 
@@ -40,8 +68,14 @@ def _manifest(fx: fixtures.Fixtures) -> dict[str, Any]:
 
 
 def test_corpus_is_sorted_whole_files_cut_at_the_budget(tmp_path: Path) -> None:
-    for rel, text in {"b/mod.py": "B = 2\n", "a.py": "A = 1\n", "tests/t.py": "T\n", "b/test/x.py": "X\n",
-                      "c.txt": "not python\n", "d.py": "D" * 50}.items():
+    for rel, text in {
+        "b/mod.py": "B = 2\n",
+        "a.py": "A = 1\n",
+        "tests/t.py": "T\n",
+        "b/test/x.py": "X\n",
+        "c.txt": "not python\n",
+        "d.py": "D" * 50,
+    }.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     assert [p.relative_to(tmp_path).as_posix() for p in source_files(tmp_path)] == ["a.py", "b/mod.py", "d.py"]
@@ -53,13 +87,17 @@ def test_corpus_is_sorted_whole_files_cut_at_the_budget(tmp_path: Path) -> None:
 
 
 def test_a_set_holds_both_targets_and_one_draft(fx: fixtures.Fixtures) -> None:
-    assert fx.pairs() == {"trained": ("target-trained", "draft-trained"),
-                          "trained-gpu-bound": ("target-trained-gpu-bound", "draft-trained")}
+    assert fx.pairs() == {
+        "trained": ("target-trained", "draft-trained"),
+        "trained-gpu-bound": ("target-trained-gpu-bound", "draft-trained"),
+    }
     for name in ("target-trained", "target-trained-gpu-bound", "draft-trained"):
         for f in ("config.json", "tokenizer.json", "model.safetensors"):
             assert (fx.path(name) / f).is_file(), f"{name}/{f}"
-    layers = {n: json.loads((fx.path(n) / "config.json").read_text())["num_hidden_layers"]
-              for n in ("target-trained", "target-trained-gpu-bound")}
+    layers = {
+        n: json.loads((fx.path(n) / "config.json").read_text())["num_hidden_layers"]
+        for n in ("target-trained", "target-trained-gpu-bound")
+    }
     assert layers == {"target-trained": TOY.small_layers, "target-trained-gpu-bound": TOY.gpu_bound_layers}
     for name in ("target-trained", "target-trained-gpu-bound"):
         assert json.loads((fx.path(name) / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
@@ -108,9 +146,13 @@ def test_code_prompts_are_distinct_whole_lines_spread_over_the_text() -> None:
     assert all(p.startswith("def f") and p.endswith("\n") and p.count("\n") == 2 for p in got)
     assert got[0].startswith("def f0(") and got[-1].startswith("def f36("), "spread over the whole text"
     capped = code_prompts(text, 3, lines=6, max_chars=20)
-    assert all(len(p) <= 20 and p.endswith("\n") for p in capped) and capped[0] == "def f0(x):\n", "whole lines within the cap"
+    assert all(len(p) <= 20 and p.endswith("\n") for p in capped) and capped[0] == "def f0(x):\n", (
+        "whole lines within the cap"
+    )
     cut = code_prompts(text, 3, max_chars=9)
-    assert all(len(p) == 9 and any(row.startswith(p) for row in text.splitlines()) for p in cut), "a long first line is cut"
+    assert all(len(p) == 9 and any(row.startswith(p) for row in text.splitlines()) for p in cut), (
+        "a long first line is cut"
+    )
     with pytest.raises(CorpusError, match="fewer than the 50 asked"):
         code_prompts("a\nb\n" * 20, 50)
 
@@ -235,7 +277,7 @@ def test_unrolled_attention_matches_a_step_by_step_draft() -> None:
     for p in range(a):
         state, keys, values = ext_state[p], [ext[j][1] for j in range(p + 1)], [ext[j][2] for j in range(p + 1)]
         for k in range(steps):
-            q, key, value = (ext[p] if k == 0 else qkv(embeds[k][0, p], state, p + k))
+            q, key, value = ext[p] if k == 0 else qkv(embeds[k][0, p], state, p + k)
             if k:
                 keys, values = keys + [key], values + [value]
             kk, vv = torch.cat(keys, 1), torch.cat(values, 1)
@@ -243,13 +285,19 @@ def test_unrolled_attention_matches_a_step_by_step_draft() -> None:
             attn = (w @ vv).view(1, 1, shape.heads, 1, d).squeeze(0).transpose(1, 2)
             logits, state = draft._finish(attn.reshape(1, shape.heads, 1, d), state.view(1, 1, -1))
             state = state.view(-1)
-            assert torch.allclose(logits.view(-1), got[k][0, p], atol=1e-10), (k, p, (logits.view(-1) - got[k][0, p]).abs().max())
+            assert torch.allclose(logits.view(-1), got[k][0, p], atol=1e-10), (
+                k,
+                p,
+                (logits.view(-1) - got[k][0, p]).abs().max(),
+            )
 
 
 def test_the_same_seed_makes_the_same_set(fx: fixtures.Fixtures, tmp_path: Path) -> None:
     again = fixtures.generate(TOY, tmp_path, quiet=True)
     for name in ("target-trained", "draft-trained"):
-        assert (again.path(name) / "model.safetensors").read_bytes() == (fx.path(name) / "model.safetensors").read_bytes()
+        assert (again.path(name) / "model.safetensors").read_bytes() == (
+            fx.path(name) / "model.safetensors"
+        ).read_bytes()
 
 
 def test_training_runs_deterministic_kernels_and_math_attention_and_reports_what_is_not() -> None:
@@ -260,8 +308,10 @@ def test_training_runs_deterministic_kernels_and_math_attention_and_reports_what
     before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cuda.flash_sdp_enabled())
     with deterministic_training(7) as nondeterministic:
         assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
-        enabled = {name: getattr(torch.backends.cuda, f"{name}_sdp_enabled")()
-                   for name in ("math", "flash", "mem_efficient", "cudnn")}
+        enabled = {
+            name: getattr(torch.backends.cuda, f"{name}_sdp_enabled")()
+            for name in ("math", "flash", "mem_efficient", "cudnn")
+        }
         assert enabled == {"math": True, "flash": False, "mem_efficient": False, "cudnn": False}, enabled
         first = torch.rand(3)
         for _ in range(2):  # no CPU kernel raises it: what SDPA's cuDNN backward raised on the H200, twice
@@ -297,8 +347,9 @@ def test_cli_refuses_a_parameter_of_the_other_kind(tmp_path: Path, capsys: pytes
     assert e.value.code == 2 and "preset trained has no parameter --layers" in capsys.readouterr().err
 
 
-def test_the_bench_sends_a_trained_sets_own_prompts_unless_told(fx: fixtures.Fixtures, tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_bench_sends_a_trained_sets_own_prompts_unless_told(
+    fx: fixtures.Fixtures, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from bench import cli, client
     from bench.arguments import parser
 
@@ -312,8 +363,9 @@ def test_the_bench_sends_a_trained_sets_own_prompts_unless_told(fx: fixtures.Fix
     assert (mine.prompts, mine.prompts_file) == (("first", "second"), str(told))
 
 
-def test_a_newer_transformers_reuses_the_set_an_older_one_wrote(fx: fixtures.Fixtures,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_newer_transformers_reuses_the_set_an_older_one_wrote(
+    fx: fixtures.Fixtures, monkeypatch: pytest.MonkeyPatch
+) -> None:
     base, key = fx.root.parent.parent, fx.root.name
     assert fx.root.parent.name == fixtures.writer_tag()
     newer = f"transformers-{int(fixtures.writer_tag().split('-')[1]) + 1}"

@@ -1,4 +1,5 @@
 """make's set-up step (ci/bootstrap-venv.sh) on a copy of the project in tmp_path (CPU, fast)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -18,15 +19,18 @@ def _project(tmp_path: Path) -> Path:
 
 
 def _run(root: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", "ci/bootstrap-venv.sh"], cwd=root, capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", **env})
+    return subprocess.run(
+        ["bash", "ci/bootstrap-venv.sh"], cwd=root, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", **env}
+    )
 
 
 def test_no_python_is_a_clear_error(tmp_path: Path) -> None:
     root = _project(tmp_path)
     res = _run(root, BOOTSTRAP_PYTHON="/nonexistent/python3.11")
     assert res.returncode == 2
-    assert "setup: no Python found (/nonexistent/python3.11); install Python 3.11.4+ or set BOOTSTRAP_PYTHON" in res.stderr
+    assert (
+        "setup: no Python found (/nonexistent/python3.11); install Python 3.11.4+ or set BOOTSTRAP_PYTHON" in res.stderr
+    )
     assert not (root / ".venv").exists()
 
 
@@ -42,8 +46,10 @@ def test_an_old_python_is_refused(tmp_path: Path) -> None:
 def _fake_python(path: Path, version: tuple[int, int, int]) -> None:
     """A python that answers -V and the version check the way that release would."""
     text = ".".join(map(str, version))
-    path.write_text(f"#!/bin/sh\n[ \"$1\" = -V ] && {{ echo 'Python {text}'; exit 0; }}\n"
-                    f"exec {sys.executable} -c 'import sys; sys.exit({version} < (3, 11, 4))'\n")
+    path.write_text(
+        f"#!/bin/sh\n[ \"$1\" = -V ] && {{ echo 'Python {text}'; exit 0; }}\n"
+        f"exec {sys.executable} -c 'import sys; sys.exit({version} < (3, 11, 4))'\n"
+    )
     path.chmod(0o755)
 
 
@@ -53,8 +59,13 @@ def test_a_python_311_before_3114_is_passed_over(tmp_path: Path) -> None:
     bin_dir.mkdir()
     _fake_python(bin_dir / "python3.11", (3, 11, 2))  # Debian 12's: tarfile has no extraction filters
     _fake_python(bin_dir / "python3", (3, 11, 2))
-    res = subprocess.run(["bash", "ci/bootstrap-venv.sh"], cwd=root, capture_output=True, text=True,
-                         env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    res = subprocess.run(
+        ["bash", "ci/bootstrap-venv.sh"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+    )
     assert res.returncode == 2
     assert "no Python 3.11.4 or newer on PATH (found: python3.11 (Python 3.11.2) python3 (Python 3.11.2))" in res.stderr
     res = _run(root, BOOTSTRAP_PYTHON=str(bin_dir / "python3.11"))
@@ -67,7 +78,7 @@ def test_pip_runs_only_when_the_requirements_changed(tmp_path: Path) -> None:
     (root / ".venv/bin").mkdir(parents=True)
     calls = tmp_path / "pip-calls"
     fake = root / ".venv/bin/python"  # records what it is asked to do instead of installing
-    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
     fake.chmod(0o755)
     _stamp_base(root)
     res = _run(root)
@@ -81,8 +92,12 @@ def test_pip_runs_only_when_the_requirements_changed(tmp_path: Path) -> None:
 
 
 def _site_packages(venv: Path) -> Path:
-    out = subprocess.run([str(venv / "bin/python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [str(venv / "bin/python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return Path(out.stdout.strip())
 
 
@@ -103,8 +118,13 @@ def _project_with_line(tmp_path: Path) -> Path:
 
 
 def _set_up_line(root: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", "ci/bootstrap-venv.sh", "lines/v9/requirements.txt", ".venv-v9"], cwd=root,
-                          capture_output=True, text=True, env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})
+    return subprocess.run(
+        ["bash", "ci/bootstrap-venv.sh", "lines/v9/requirements.txt", ".venv-v9"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},
+    )
 
 
 def test_a_line_environment_sees_the_base_one_and_follows_its_changes(tmp_path: Path) -> None:
@@ -113,8 +133,12 @@ def test_a_line_environment_sees_the_base_one_and_follows_its_changes(tmp_path: 
     res = _set_up_line(root)
     assert res.returncode == 0, res.stderr
     assert "[setup] creating .venv-v9 over .venv" in res.stdout
-    seen = subprocess.run([str(root / ".venv-v9/bin/python"), "-c", "import only_in_base, sys; print(only_in_base.WHERE, sys.prefix)"],
-                          capture_output=True, text=True, check=True)
+    seen = subprocess.run(
+        [str(root / ".venv-v9/bin/python"), "-c", "import only_in_base, sys; print(only_in_base.WHERE, sys.prefix)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert seen.stdout.split() == ["base", str(root / ".venv-v9")]
     res = _set_up_line(root)
     assert res.returncode == 0 and res.stdout == ""

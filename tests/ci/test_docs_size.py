@@ -1,5 +1,6 @@
 """The user's documents stay short: the README under 12,000 bytes (figures go to docs/), docs/
 under 2 MB (raw run files only where a page cites them)."""
+
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,6 +3,7 @@
 Runs the real ci/gpu scripts on a copy of the project's lines in tmp_path, with a stand-in for the
 bundle builder (it downloads the GPU wheels).
 """
+
 from __future__ import annotations
 
 import shutil
@@ -24,8 +25,13 @@ echo "$3" > "$1/wheels-used"
 
 
 def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@invalid", *args], cwd=cwd,
-                          check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@invalid", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
 
 
 @pytest.fixture
@@ -49,8 +55,12 @@ def project(tmp_path: Path) -> Path:
 
 
 def _run(project: Path, *cmd: str, **env: str) -> subprocess.CompletedProcess[str]:
-    full_env = {"PATH": "/usr/bin:/bin", "BUNDLE_SCRIPT": str(project.parent / "build-bundle.sh"),
-                "OUT": str(project / "out"), **env}
+    full_env = {
+        "PATH": "/usr/bin:/bin",
+        "BUNDLE_SCRIPT": str(project.parent / "build-bundle.sh"),
+        "OUT": str(project / "out"),
+        **env,
+    }
     return subprocess.run(["bash", *cmd], cwd=project, env=full_env, capture_output=True, text=True, timeout=120)
 
 

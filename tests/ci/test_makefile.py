@@ -1,5 +1,6 @@
 """The Makefile treats every variable as the user's text: nothing in a value runs as make or shell
 code, refs are refused before any recipe, and each value reaches the command as one quoted word."""
+
 from __future__ import annotations
 
 import re
@@ -14,8 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def make(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), *args], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        ["make", "--no-print-directory", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def commands(*args: str) -> list[list[str]]:
@@ -25,15 +27,20 @@ def commands(*args: str) -> list[list[str]]:
     return [shlex.split(line) for line in res.stdout.splitlines() if line.strip() and not line.startswith("#")]
 
 
-@pytest.mark.parametrize("value", ["v0.5.9;touch {x}", "$(shell touch {x})", "`touch {x}`", "v0.5.9 $$(touch {x})",
-                                   "v0.5.9\ntouch {x}"])
+@pytest.mark.parametrize(
+    "value", ["v0.5.9;touch {x}", "$(shell touch {x})", "`touch {x}`", "v0.5.9 $$(touch {x})", "v0.5.9\ntouch {x}"]
+)
 @pytest.mark.parametrize("var", ["SGLANG_REF", "FROM", "REFS"])
 @pytest.mark.parametrize("dry", [True, False])
 def test_a_ref_that_is_not_a_ref_runs_nothing(tmp_path: Path, var: str, value: str, dry: bool) -> None:
     marker = tmp_path / "x"
     target = {"SGLANG_REF": "apply", "FROM": "rebase", "REFS": "status"}[var]
-    res = make(*(["-n"] if dry else []), target, f"{var}={value.format(x=marker)}", "SGLANG_REF=v0.5.10"
-               if var == "FROM" else "PYTHON=false")
+    res = make(
+        *(["-n"] if dry else []),
+        target,
+        f"{var}={value.format(x=marker)}",
+        "SGLANG_REF=v0.5.10" if var == "FROM" else "PYTHON=false",
+    )
     assert res.returncode != 0
     assert "is not a git" in res.stderr and "nothing was run" in res.stderr, res.stderr
     assert not marker.exists()
@@ -79,7 +86,12 @@ def test_help_names_every_target_and_variable() -> None:
 def test_one_place_decides_a_lines_tree() -> None:
     from bench.server import line_tree
 
-    told = subprocess.run([sys.executable, "-m", "tools", "--ref", "v0.5.15", "tree"], cwd=ROOT, capture_output=True,
-                          text=True, check=True).stdout.strip()
+    told = subprocess.run(
+        [sys.executable, "-m", "tools", "--ref", "v0.5.15", "tree"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert Path(told) == ROOT / "build" / "sglang-v0.5.15" == line_tree("v0.5.15")
     assert "make-bundle.sh 'v0.5.15' \"$(" in make("-n", "bundle", "SGLANG_REF=v0.5.15", "PYTHON=python3").stdout

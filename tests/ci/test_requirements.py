@@ -1,5 +1,6 @@
 """Every package the toolkit imports is pinned in ci/requirements.txt (a fresh CI machine has only
 what that file installs)."""
+
 from __future__ import annotations
 
 import ast
@@ -23,7 +24,9 @@ def _imported(package: Path) -> set[str]:
 
 
 def test_every_third_party_import_of_the_toolkit_is_pinned() -> None:
-    pins = {m.group(1).lower() for m in re.finditer(r"^([A-Za-z0-9_.-]+)==", (ROOT / "ci/requirements.txt").read_text(),
-                                                      re.M)}
+    pins = {
+        m.group(1).lower()
+        for m in re.finditer(r"^([A-Za-z0-9_.-]+)==", (ROOT / "ci/requirements.txt").read_text(), re.M)
+    }
     missing = sorted(n for n in _imported(ROOT / "tools") if DIST_OF.get(n, n).lower() not in pins)
     assert not missing, f"imported by tools/ but not pinned in ci/requirements.txt: {missing}"

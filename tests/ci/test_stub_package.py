@@ -1,5 +1,6 @@
 """The bundle's stand-in for a package too large to travel (ci/gpu/stub_package.py): SGLang's
 module-level uses import, and every real use raises, naming the package (CPU, fast)."""
+
 from __future__ import annotations
 
 import shutil
@@ -38,8 +39,14 @@ for call in (lambda: kernel(1), lambda: cute.sym_int(), lambda: HardwareInfo()):
 def test_imports_succeed_and_uses_raise(tmp_path: Path) -> None:
     (tmp_path / "cutlass").mkdir()
     shutil.copy(ROOT / "ci" / "gpu" / "stub_package.py", tmp_path / "cutlass" / "__init__.py")
-    proc = subprocess.run([sys.executable, "-c", USES], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [sys.executable, "-c", USES],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 3 and all(line.startswith("raised:") and "'cutlass'" in line for line in lines), lines

@@ -9,6 +9,7 @@
   offline H200 bundle needs), ``$SGL_TEST_LOG_DIR`` (keep server logs and summary.txt there).
 - No network, no package index: everything comes from the environment as it is.
 """
+
 from __future__ import annotations
 
 import os
@@ -55,7 +56,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU and the patched SGLang tree (skipped without a GPU)")
     config.addinivalue_line("markers", "gpus(n): needs at least n CUDA GPUs")
     config.addinivalue_line("markers", "cpu_fixture: runs on CPU (fixture generator checks)")
-    config.addinivalue_line("markers", "switch: needs the speculation switch in the tree (skipped on a line without it)")
+    config.addinivalue_line(
+        "markers", "switch: needs the speculation switch in the tree (skipped on a line without it)"
+    )
 
 
 def pytest_report_header(config: pytest.Config) -> str:

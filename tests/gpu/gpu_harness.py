@@ -3,6 +3,7 @@
 Only one server runs at a time (each takes most of the GPU's memory): a run starts its server,
 sends its load, keeps the outputs, counters and log text, and stops it.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,6 +51,8 @@ def once(key: str, make: Any) -> Any:
     if isinstance(_RUNS[key], Exception):
         raise _RUNS[key]
     return _RUNS[key]
+
+
 SUMMARY: list[str] = []  # lines for pytest's terminal summary (and $SGL_TEST_LOG_DIR/summary.txt)
 
 
@@ -85,14 +88,20 @@ class FixtureSets:
 def trained_summary(root: Path) -> str:
     m = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
     f, sec, pr = m["figures"], m["seconds"], m.get("prompts", {})
-    prompts = (f"prompts {pr['count']} of {pr['candidates']} held-out snippets, least greedy margin "
-               f"{pr['least_margin']:.4f} nats over {pr['new_tokens']} tokens; " if "candidates" in pr else "")
-    return (f"{root.name}: target loss {f['target_loss']:.3f} nats/token held-out (train {f['target_train_loss']:.3f}); "
-            f"draft top-1 agreement per step {[round(a, 3) for a in f['draft_agreement']]} (chain estimate of the "
-            f"accept length {f['draft_expected_accept_length']:.2f}); corpus {m['corpus']['files']} files, "
-            f"{m['corpus']['bytes']} bytes, {m['corpus']['tokens']} tokens; draft/target weights "
-            f"{m['draft_to_target_weights']:.4f}; {prompts}{_nondeterministic(f)}seconds: "
-            + ", ".join(f"{k} {v:.0f}" for k, v in sec.items()))
+    prompts = (
+        f"prompts {pr['count']} of {pr['candidates']} held-out snippets, least greedy margin "
+        f"{pr['least_margin']:.4f} nats over {pr['new_tokens']} tokens; "
+        if "candidates" in pr
+        else ""
+    )
+    return (
+        f"{root.name}: target loss {f['target_loss']:.3f} nats/token held-out (train {f['target_train_loss']:.3f}); "
+        f"draft top-1 agreement per step {[round(a, 3) for a in f['draft_agreement']]} (chain estimate of the "
+        f"accept length {f['draft_expected_accept_length']:.2f}); corpus {m['corpus']['files']} files, "
+        f"{m['corpus']['bytes']} bytes, {m['corpus']['tokens']} tokens; draft/target weights "
+        f"{m['draft_to_target_weights']:.4f}; {prompts}{_nondeterministic(f)}seconds: "
+        + ", ".join(f"{k} {v:.0f}" for k, v in sec.items())
+    )
 
 
 def _nondeterministic(figures: dict[str, Any]) -> str:
@@ -128,25 +137,47 @@ def tp_size() -> int:
 def common_flags(max_running_requests: int | None = 256) -> list[str]:
     """max_running_requests None: leave it to the server's own default."""
     cap = [] if max_running_requests is None else ["--max-running-requests", str(max_running_requests)]
-    return base_flags() + [
-        "--enable-metrics", *cap, cuda_graph_max_bs_flag(resolve_tree()), str(CUDA_GRAPH_MAX_BS),
-        "--decode-log-interval", "1",
-    ] + shlex.split(os.environ.get("SGL_TEST_EXTRA_FLAGS", ""))
+    return (
+        base_flags()
+        + [
+            "--enable-metrics",
+            *cap,
+            cuda_graph_max_bs_flag(resolve_tree()),
+            str(CUDA_GRAPH_MAX_BS),
+            "--decode-log-interval",
+            "1",
+        ]
+        + shlex.split(os.environ.get("SGL_TEST_EXTRA_FLAGS", ""))
+    )
 
 
-def switch_spec(models: Models, worker: str, tp: int, *, disable: int = DISABLE, enable: int = ENABLE,
-                extra: list[str] | None = None, max_running_requests: int | None = 256) -> ServerSpec:
+def switch_spec(
+    models: Models,
+    worker: str,
+    tp: int,
+    *,
+    disable: int = DISABLE,
+    enable: int = ENABLE,
+    extra: list[str] | None = None,
+    max_running_requests: int | None = 256,
+) -> ServerSpec:
     flags, env = WORKERS[worker]
     sw = ["--speculative-disable-batch-size", str(disable), "--speculative-enable-batch-size", str(enable)]
-    return ServerSpec(models.target, models.draft, tp, common_flags(max_running_requests) + flags + sw + (extra or []),
-                      dict(env))
+    return ServerSpec(
+        models.target, models.draft, tp, common_flags(max_running_requests) + flags + sw + (extra or []), dict(env)
+    )
 
 
 def auto_switch_spec(models: Models, worker: str, tp: int, extra: list[str] | None = None) -> ServerSpec:
     """The worker with the switch's thresholds learned from its step costs (0014)."""
     flags, env = WORKERS[worker]
-    return ServerSpec(models.target, models.draft, tp,
-                      common_flags() + flags + ["--speculative-disable-batch-size", "auto"] + (extra or []), dict(env))
+    return ServerSpec(
+        models.target,
+        models.draft,
+        tp,
+        common_flags() + flags + ["--speculative-disable-batch-size", "auto"] + (extra or []),
+        dict(env),
+    )
 
 
 def always_spec(models: Models, worker: str, tp: int, extra: list[str] | None = None) -> ServerSpec:
@@ -220,17 +251,26 @@ def fresh_log(log_dir: Path, name: str) -> Path:
     return log
 
 
-def run_server(name: str, spec: ServerSpec, tree: Path, log_dir: Path, groups: list[list[str]],
-               sampling: dict[str, Any], extra: dict[str, Any] | None = None, fixed_concurrency: int | None = None,
-               extra_by_prompt: dict[str, dict[str, Any]] | None = None) -> Run:
+def run_server(
+    name: str,
+    spec: ServerSpec,
+    tree: Path,
+    log_dir: Path,
+    groups: list[list[str]],
+    sampling: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+    fixed_concurrency: int | None = None,
+    extra_by_prompt: dict[str, dict[str, Any]] | None = None,
+) -> Run:
     """Start a server, send each group with concurrency = its size (or fixed), stop it."""
     log = fresh_log(log_dir, name)
     results: list[client.Result] = []
     walls: list[tuple[int, float]] = []
     with Server(spec, log, tree) as srv:
         for g in groups:
-            lr = client.run_level(srv.url, g, fixed_concurrency or len(g), sampling, extra=extra,
-                                  extra_by_prompt=extra_by_prompt)
+            lr = client.run_level(
+                srv.url, g, fixed_concurrency or len(g), sampling, extra=extra, extra_by_prompt=extra_by_prompt
+            )
             results.extend(lr.results)
             walls.append((len(g), lr.wall_s))
         healthy = client.is_healthy(srv.url)
@@ -238,11 +278,19 @@ def run_server(name: str, spec: ServerSpec, tree: Path, log_dir: Path, groups: l
     return Run(name, results, log.read_text(encoding="utf-8", errors="replace"), log, metrics, walls, healthy)
 
 
-def reference(name: str, models: Models, tree: Path, log_dir: Path, prompts: list[str], tp: int = 1,
-              flags: list[str] | None = None) -> Run:
+def reference(
+    name: str,
+    models: Models,
+    tree: Path,
+    log_dir: Path,
+    prompts: list[str],
+    tp: int = 1,
+    flags: list[str] | None = None,
+) -> Run:
     """No-speculation greedy outputs with the top-5 logprobs at every output position."""
-    return run_server(name, nospec_spec(models, tp, flags), tree, log_dir, [prompts], GREEDY, REFERENCE_LOGPROBS,
-                      fixed_concurrency=64)
+    return run_server(
+        name, nospec_spec(models, tp, flags), tree, log_dir, [prompts], GREEDY, REFERENCE_LOGPROBS, fixed_concurrency=64
+    )
 
 
 def ramp_context(tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
@@ -263,14 +311,16 @@ def ref_run(ctx: dict[str, Any], pair: str, backend: str | None = None) -> Run:
 
     def serve() -> Run:
         flat = [p for g in groups_for(ctx, pair) for p in g]
-        return reference(f"nospec-{pair}{suffix}", models_for(pair, ctx["fx"]), ctx["tree"], ctx["logs"], flat,
-                         tp_size(), flags)
+        return reference(
+            f"nospec-{pair}{suffix}", models_for(pair, ctx["fx"]), ctx["tree"], ctx["logs"], flat, tp_size(), flags
+        )
 
     return once(f"ref-{pair}{suffix}", serve)
 
 
-def _worker_run(ctx: dict[str, Any], prefix: str, make_spec: Callable[..., ServerSpec], worker: str, pair: str,
-                backend: str | None) -> Run:
+def _worker_run(
+    ctx: dict[str, Any], prefix: str, make_spec: Callable[..., ServerSpec], worker: str, pair: str, backend: str | None
+) -> Run:
     """A server of make_spec's kind for this worker serving the ramp (once per session, worker, pair
     and backend); prefix names its log."""
     models = models_for(pair, ctx["fx"])
@@ -334,8 +384,10 @@ class Comparison:
         if self.skipped:
             s += f" ({self.skipped} failed requests left out)"
         if self.divergences:
-            s += (f"; {len(self.divergences)} diverge, {len(self.divergences) - len(self.not_near_tie)} at a near-tie"
-                  f" (logprob within {TIE_TOL} of the target's best)" + (f", max gap {max(gaps):.4f}" if gaps else ""))
+            s += (
+                f"; {len(self.divergences)} diverge, {len(self.divergences) - len(self.not_near_tie)} at a near-tie"
+                f" (logprob within {TIE_TOL} of the target's best)" + (f", max gap {max(gaps):.4f}" if gaps else "")
+            )
         return s
 
 
@@ -352,7 +404,7 @@ def compare(spec_run: Run, ref_run: Run) -> Comparison:
             equal += 1
             continue
         i = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
-        tops = (ref.meta.get("output_top_logprobs") or [])
+        tops = ref.meta.get("output_top_logprobs") or []
         gap, in_top = None, False
         if i < len(tops) and tops[i] and i < len(a):
             # How far below the target's own best token the token the switching server chose
@@ -361,9 +413,16 @@ def compare(spec_run: Run, ref_run: Run) -> Comparison:
             in_top = bool(chosen)
             if in_top:
                 gap = float(tops[i][0][0]) - chosen[0]
-        divs.append({"prompt": r.prompt[:60], "pos": i, "spec": a[i] if i < len(a) else None,
-                     "ref": b[i] if i < len(b) else None, "gap": gap,
-                     "near_tie": gap is not None and gap <= TIE_TOL and in_top})
+        divs.append(
+            {
+                "prompt": r.prompt[:60],
+                "pos": i,
+                "spec": a[i] if i < len(a) else None,
+                "ref": b[i] if i < len(b) else None,
+                "gap": gap,
+                "near_tie": gap is not None and gap <= TIE_TOL and in_top,
+            }
+        )
     return Comparison(len(spec_run.results) - skipped, equal, divs, skipped)
 
 

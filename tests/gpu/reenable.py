@@ -7,6 +7,7 @@ back. Their verify steps from then on are compared with an always-speculating se
 text: each survivor's prompt plus the tokens it decoded before speculation came back, continued for
 the same number of tokens.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,23 +45,27 @@ def trained_context(tree: Path, log_dir: Path, fixture_models: Any) -> dict[str,
 
 def generate(url: str, ids: list[list[int]], max_new: list[int]) -> list[dict[str, Any]]:
     """One batch request, so every request reaches the scheduler at once."""
-    body: dict[str, Any] = {"input_ids": ids, "sampling_params": [{"temperature": 0.0, "max_new_tokens": m, "ignore_eos": True}
-                                                  for m in max_new]}
+    body: dict[str, Any] = {
+        "input_ids": ids,
+        "sampling_params": [{"temperature": 0.0, "max_new_tokens": m, "ignore_eos": True} for m in max_new],
+    }
     r = requests.post(url + "/generate", json=body, timeout=600)
     assert r.status_code == 200, f"HTTP {r.status_code}: {r.text[:500]}"
     out: list[dict[str, Any]] = r.json()
     return out
 
 
-def serve(name: str, spec: ServerSpec, ctx: dict[str, Any], ids: list[list[int]],
-          max_new: list[int]) -> tuple[list[dict[str, Any]], Path]:
+def serve(
+    name: str, spec: ServerSpec, ctx: dict[str, Any], ids: list[list[int]], max_new: list[int]
+) -> tuple[list[dict[str, Any]], Path]:
     log = H.fresh_log(ctx["logs"], name)
     with Server(spec, log, ctx["tree"]) as srv:
         return generate(srv.url, ids, max_new), log
 
 
-def reference(ctx: dict[str, Any], name: str, spec: ServerSpec, continuations: list[list[int]],
-              lengths: list[int]) -> float:
+def reference(
+    ctx: dict[str, Any], name: str, spec: ServerSpec, continuations: list[list[int]], lengths: list[int]
+) -> float:
     """Accepted drafts per verify step of an always-speculating server on these continuations."""
     out, _ = serve(name, spec, ctx, continuations, lengths)
     return drafts_per_verify([(int(r["meta_info"]["spec_verify_ct"]), H.accepted_drafts(r["meta_info"])) for r in out])
@@ -75,6 +80,7 @@ def drafts_per_verify(pairs: list[tuple[int, int]]) -> float:
 class AfterBurst:
     """What the steps after the burst did: tokens per request per step, and how many tokens each
     survivor had decoded before them."""
+
     accept_len: float
     steps: int
     before: int

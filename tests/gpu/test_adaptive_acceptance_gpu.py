@@ -12,6 +12,7 @@ draft falls behind while off, and the test reports what that costs. With the v0.
 SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE=1 the steps=0 step is a plain decode followed by the same draft
 extend, so the same floor holds.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,9 +30,12 @@ from gpu_harness import SUMMARY
 
 pytestmark = pytest.mark.gpu
 STEPS = 3  # the v2 worker's --speculative-num-steps in the harness
-CASES = {"kept": {}, "skip": {SKIP_ZERO_STEP_DRAFT_EXTEND: "1"},
-         # the v0.5.15 line's plain-decode patch: a plain decode, then upstream's draft extend
-         "plain": {ZERO_STEP_PLAIN_DECODE: "1"}}
+CASES = {
+    "kept": {},
+    "skip": {SKIP_ZERO_STEP_DRAFT_EXTEND: "1"},
+    # the v0.5.15 line's plain-decode patch: a plain decode, then upstream's draft extend
+    "plain": {ZERO_STEP_PLAIN_DECODE: "1"},
+}
 DRAFT_KEPT = ("kept", "plain")
 
 
@@ -45,8 +49,9 @@ def ctx(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
 def adaptive_spec(ctx: dict[str, Any], env: dict[str, str]) -> ServerSpec:
     """The always-speculating v2 server, with upstream's adaptive mode and the "off above N" tiers."""
     tiers = write_off_above_tiers(ctx["logs"] / "reenable-adaptive-tiers.json", H.DISABLE, STEPS)
-    spec = H.always_spec(ctx["models"], "v2", H.tp_size(),
-                         extra=["--speculative-adaptive", "--speculative-adaptive-config", str(tiers)])
+    spec = H.always_spec(
+        ctx["models"], "v2", H.tp_size(), extra=["--speculative-adaptive", "--speculative-adaptive-config", str(tiers)]
+    )
     return dataclasses.replace(spec, env={**spec.env, **env})
 
 
@@ -54,27 +59,37 @@ def adaptive_spec(ctx: dict[str, Any], env: dict[str, str]) -> ServerSpec:
 def test_acceptance_after_a_high_load_period(ctx: dict[str, Any], case: str) -> None:
     env = CASES[case]
     if missing_environ(ctx["tree"], list(env)):
-        pytest.skip(f"the SGLang in {ctx['tree']} does not read {', '.join(env)} (skip: 0.5.14+; plain: "
-                    "this series' v0.5.15 line)")
+        pytest.skip(
+            f"the SGLang in {ctx['tree']} does not read {', '.join(env)} (skip: 0.5.14+; plain: "
+            "this series' v0.5.15 line)"
+        )
     name = f"reenable-adaptive-{case}"
     out, log = R.serve(name, adaptive_spec(ctx, env), ctx, ctx["ids"], R.burst_lengths())
     text = log.read_text(errors="replace")
     switches = H.adaptive_state_switches(text)
     assert any("-> 0" in s for s in switches) and any(f"-> {STEPS}" in s for s in switches), (
-        f"{name}: expected the tiers to turn speculation off and back on ({log}): {switches[:4]}")
+        f"{name}: expected the tiers to turn speculation off and back on ({log}): {switches[:4]}"
+    )
     survivors = out[R.BURST :]
     assert all(len(r["output_ids"]) == R.LONG for r in survivors), f"{name}: a survivor stopped early ({log})"
     seen = R.after_burst(text, log)
     got = seen.accept_len - 1
-    want = R.reference(ctx, f"{name}-always-spec", H.always_spec(ctx["models"], "v2", H.tp_size()),
-                       [ids + list(r["output_ids"])[: seen.before] for ids, r in zip(ctx["ids"][R.BURST :], survivors,
-                                                                                    strict=True)],
-                       [R.LONG - seen.before] * R.SURVIVORS)
-    SUMMARY.append(f"[adaptive {case} trained] after the burst: {got:.3f} accepted drafts per verify step (accept length "
-                   f"{seen.accept_len:.2f}, {seen.steps} steps) against {want:.3f} ({1 + want:.2f}) always speculating on "
-                   f"the same text: ratio {got / want if want else float('nan'):.3f}; about {seen.before} tokens each "
-                   f"before; state switches {len(switches)}")
+    want = R.reference(
+        ctx,
+        f"{name}-always-spec",
+        H.always_spec(ctx["models"], "v2", H.tp_size()),
+        [ids + list(r["output_ids"])[: seen.before] for ids, r in zip(ctx["ids"][R.BURST :], survivors, strict=True)],
+        [R.LONG - seen.before] * R.SURVIVORS,
+    )
+    SUMMARY.append(
+        f"[adaptive {case} trained] after the burst: {got:.3f} accepted drafts per verify step (accept length "
+        f"{seen.accept_len:.2f}, {seen.steps} steps) against {want:.3f} ({1 + want:.2f}) always speculating on "
+        f"the same text: ratio {got / want if want else float('nan'):.3f}; about {seen.before} tokens each "
+        f"before; state switches {len(switches)}"
+    )
     assert want > 0, "the always-speculating reference accepted no draft token: the trained draft is broken"
     if case in DRAFT_KEPT:
-        assert got >= R.ACCEPT_FLOOR * want, (f"{case}: steps=0 with the draft extend: the survivors accept {got:.3f} "
-                                            f"drafts per verify, below {R.ACCEPT_FLOOR} x the reference's {want:.3f}")
+        assert got >= R.ACCEPT_FLOOR * want, (
+            f"{case}: steps=0 with the draft extend: the survivors accept {got:.3f} "
+            f"drafts per verify, below {R.ACCEPT_FLOOR} x the reference's {want:.3f}"
+        )

@@ -6,6 +6,7 @@ holds 1024 rows but caller needs 2048"); the v0.5.15 line's 0003 sizes that buff
 
 Skipped on a tree without --speculative-adaptive (the v0.5.9 line).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,17 +32,19 @@ def ctx(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
 
 def default_tiers_run(ctx: dict[str, Any]) -> H.Run:
     name = f"adaptive-default-v2-{PAIR}"
-    spec = H.always_spec(H.models_for(PAIR, ctx["fx"]), "v2", H.tp_size(),
-                         extra=["--speculative-adaptive", *H.pair_flags(PAIR)])
-    return H.once(name, lambda: H.run_server(name, spec, ctx["tree"], ctx["logs"], H.groups_for(ctx, PAIR),
-                                             H.GREEDY))
+    spec = H.always_spec(
+        H.models_for(PAIR, ctx["fx"]), "v2", H.tp_size(), extra=["--speculative-adaptive", *H.pair_flags(PAIR)]
+    )
+    return H.once(name, lambda: H.run_server(name, spec, ctx["tree"], ctx["logs"], H.groups_for(ctx, PAIR), H.GREEDY))
 
 
 def test_starts_and_serves_the_ramp(ctx: dict[str, Any]) -> None:
     run = default_tiers_run(ctx)
     switches = H.adaptive_state_switches(run.log_text)
-    SUMMARY.append(f"[adaptive default tiers {PAIR}] {len(run.results)} requests, {len(run.errors)} errors; "
-                   f"state switches {len(switches)}: {switches[:6]}; log {run.log_path}")
+    SUMMARY.append(
+        f"[adaptive default tiers {PAIR}] {len(run.results)} requests, {len(run.errors)} errors; "
+        f"state switches {len(switches)}: {switches[:6]}; log {run.log_path}"
+    )
     assert not run.errors, f"{len(run.errors)} request(s) failed, first: {run.errors[0]}\nlog: {run.log_path}"
 
 

@@ -5,6 +5,7 @@ server's (the trained pair, where a divergence away from a near-tie is a bug).
 
 Skipped on a tree whose SGLang does not read the variable (upstream, and the v0.5.9 line).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,27 +36,34 @@ def plain_decode_run(ctx: dict[str, Any]) -> H.Run:
     """The adaptive server, off above H.DISABLE, with steps=0 batches as plain decodes, on the ramp."""
     name = f"adaptive-plain-v2-{PAIR}"
     tiers = write_off_above_tiers(ctx["logs"] / f"{name}-tiers.json", H.DISABLE, STEPS)
-    spec = H.always_spec(H.models_for(PAIR, ctx["fx"]), "v2", H.tp_size(),
-                         extra=["--speculative-adaptive", "--speculative-adaptive-config", str(tiers),
-                                *H.pair_flags(PAIR)])
+    spec = H.always_spec(
+        H.models_for(PAIR, ctx["fx"]),
+        "v2",
+        H.tp_size(),
+        extra=["--speculative-adaptive", "--speculative-adaptive-config", str(tiers), *H.pair_flags(PAIR)],
+    )
     spec = dataclasses.replace(spec, env={**spec.env, ZERO_STEP_PLAIN_DECODE: "1"})
-    return H.once(name, lambda: H.run_server(name, spec, ctx["tree"], ctx["logs"], H.groups_for(ctx, PAIR),
-                                             H.GREEDY))
+    return H.once(name, lambda: H.run_server(name, spec, ctx["tree"], ctx["logs"], H.groups_for(ctx, PAIR), H.GREEDY))
 
 
 def test_serves_the_ramp_off_above_n_on_decode_graphs(ctx: dict[str, Any]) -> None:
     run = plain_decode_run(ctx)
     switches = H.adaptive_state_switches(run.log_text)
     in_range, eager = H.fallback_graph_replays(run)
-    SUMMARY.append(f"[adaptive plain-decode {PAIR}] {len(run.results)} requests, {len(run.errors)} errors; "
-                   f"{len(in_range)} decode log lines above a batch of {H.DISABLE + 1} with a graph size, "
-                   f"{len(eager)} of them eager; state switches {len(switches)}; log {run.log_path}")
+    SUMMARY.append(
+        f"[adaptive plain-decode {PAIR}] {len(run.results)} requests, {len(run.errors)} errors; "
+        f"{len(in_range)} decode log lines above a batch of {H.DISABLE + 1} with a graph size, "
+        f"{len(eager)} of them eager; state switches {len(switches)}; log {run.log_path}"
+    )
     assert not run.errors, f"{len(run.errors)} request(s) failed, first: {run.errors[0]}\nlog: {run.log_path}"
     assert any("-> 0" in s for s in switches) and any(f"-> {STEPS}" in s for s in switches), (
-        f"expected the tiers to turn speculation off and back on ({run.log_path}): {switches[:4]}")
+        f"expected the tiers to turn speculation off and back on ({run.log_path}): {switches[:4]}"
+    )
     assert in_range, f"no decode log line at a batch above {H.DISABLE + 1} with a graph size ({run.log_path})"
-    assert not eager, (f"{len(eager)} steps=0 decode lines ran eagerly, first at a batch of {eager[0].batch_size}: "
-                       f"the steps=0 state's DECODE graphs were not replayed ({run.log_path})")
+    assert not eager, (
+        f"{len(eager)} steps=0 decode lines ran eagerly, first at a batch of {eager[0].batch_size}: "
+        f"the steps=0 state's DECODE graphs were not replayed ({run.log_path})"
+    )
 
 
 def test_greedy_outputs_equal_a_plain_server(ctx: dict[str, Any]) -> None:

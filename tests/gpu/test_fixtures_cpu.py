@@ -1,5 +1,6 @@
 """The fixture generator on CPU (no GPU needed; runs in CI): files, shapes, draft weight names,
 the exact pair's construction, determinism and the cache."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,10 +17,20 @@ from bench import fixtures
 pytestmark = pytest.mark.cpu_fixture
 SMALL = fixtures.FixtureParams(hidden=64, layers=8, heads=4, kv_heads=2, intermediate=128, vocab=512, max_positions=512)
 DRAFT_NAMES = {
-    "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
-    "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight", "midlayer.post_attention_layernorm.weight",
-    "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight", "midlayer.self_attn.v_proj.weight",
-    "midlayer.self_attn.o_proj.weight", "midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight",
+    "fc.weight",
+    "norm.weight",
+    "lm_head.weight",
+    "d2t",
+    "t2d",
+    "midlayer.input_layernorm.weight",
+    "midlayer.hidden_norm.weight",
+    "midlayer.post_attention_layernorm.weight",
+    "midlayer.self_attn.q_proj.weight",
+    "midlayer.self_attn.k_proj.weight",
+    "midlayer.self_attn.v_proj.weight",
+    "midlayer.self_attn.o_proj.weight",
+    "midlayer.mlp.gate_proj.weight",
+    "midlayer.mlp.up_proj.weight",
     "midlayer.mlp.down_proj.weight",
 }
 
@@ -72,7 +83,7 @@ def test_draft_checkpoint(fx: fixtures.Fixtures) -> None:
     ex = load_file(str(fx.path("draft-exact") / "model.safetensors"))
     fc = ex["fc.weight"].float()
     assert not fc[:, : 2 * h].any(), "exact draft: fc must be [0 | 0 | I]"
-    assert torch.equal(fc[:, 2 * h:], torch.eye(h))
+    assert torch.equal(fc[:, 2 * h :], torch.eye(h))
     assert not ex["midlayer.self_attn.o_proj.weight"].any() and not ex["midlayer.mlp.down_proj.weight"].any()
     rnd = load_file(str(fx.path("draft-random") / "model.safetensors"))
     assert rnd["fc.weight"].float().std() > 0
@@ -119,16 +130,34 @@ def test_sets_are_cached_per_transformers_major(fx: fixtures.Fixtures, monkeypat
 
     assert fx.root.parent.name == "transformers-" + transformers.__version__.split(".")[0]
     installed = importlib.metadata.version
-    monkeypatch.setattr(importlib.metadata, "version",
-                        lambda name: "99.1.0" if name == "transformers" else installed(name))
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: "99.1.0" if name == "transformers" else installed(name)
+    )
     other = fixtures.generate(SMALL, fx.root.parents[1], quiet=True)
     assert other.root != fx.root and other.root.parent.name == "transformers-99"
     assert other.root.name == fx.root.name == SMALL.key()
 
 
 def test_cli_prints_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--root", str(tmp_path), "--hidden", "64", "--layers", "8", "--heads", "4", "--kv-heads", "2",
-            "--intermediate", "128", "--vocab", "512", "--max-positions", "512", "--json"]
+    argv = [
+        "--root",
+        str(tmp_path),
+        "--hidden",
+        "64",
+        "--layers",
+        "8",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--intermediate",
+        "128",
+        "--vocab",
+        "512",
+        "--max-positions",
+        "512",
+        "--json",
+    ]
     assert fixtures.main(argv) == 0
     paths = json.loads(capsys.readouterr().out)
     assert Path(paths["exact"]["target"]).is_dir() and Path(paths["random"]["draft"]).is_dir()
@@ -153,9 +182,29 @@ def test_gpu_bound_preset_from_the_cli(tmp_path: Path, capsys: pytest.CaptureFix
     assert preset.hidden % preset.heads == 0 and preset.heads % preset.kv_heads == 0
     assert preset.device == "cuda" and not preset.random_pair
     # The preset's other fields, shrunk and drawn on CPU here: only the exact pair is written.
-    argv = ["--root", str(tmp_path), "--preset", "gpu-bound", "--hidden", "64", "--layers", "2", "--heads", "4",
-            "--kv-heads", "2", "--intermediate", "128", "--vocab", "512", "--max-positions", "512",
-            "--device", "cpu", "--json"]
+    argv = [
+        "--root",
+        str(tmp_path),
+        "--preset",
+        "gpu-bound",
+        "--hidden",
+        "64",
+        "--layers",
+        "2",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--intermediate",
+        "128",
+        "--vocab",
+        "512",
+        "--max-positions",
+        "512",
+        "--device",
+        "cpu",
+        "--json",
+    ]
     assert fixtures.main(argv) == 0
     assert list(json.loads(capsys.readouterr().out)) == ["exact"]
 
@@ -180,8 +229,26 @@ def test_unavailable_device_is_a_clear_error(tmp_path: Path, capsys: pytest.Capt
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    argv = ["--root", str(tmp_path), "--preset", "gpu-bound", "--hidden", "64", "--layers", "2", "--heads", "4",
-            "--kv-heads", "2", "--intermediate", "128", "--vocab", "512", "--max-positions", "512"]
+    argv = [
+        "--root",
+        str(tmp_path),
+        "--preset",
+        "gpu-bound",
+        "--hidden",
+        "64",
+        "--layers",
+        "2",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--intermediate",
+        "128",
+        "--vocab",
+        "512",
+        "--max-positions",
+        "512",
+    ]
     assert fixtures.main(argv) == 1
     assert "fixture device 'cuda' is not available here" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # nothing half-written
@@ -205,7 +272,7 @@ def test_a_set_finished_meanwhile_by_another_process_is_kept(tmp_path: Path, mon
 
     monkeypatch.setattr(fixtures, "build_draft", build_draft_while_another_finishes)
     mine = fixtures.generate(params, tmp_path, quiet=True)
-    (first, first_inode), = other
+    ((first, first_inode),) = other
     assert mine.root == first.root
     assert (mine.root / "target-exact" / "model.safetensors").stat().st_ino == first_inode
     assert [p.name for p in (tmp_path / fixtures.writer_tag()).iterdir()] == [params.key()]  # no temp folder left

@@ -1,5 +1,6 @@
 """The GPU suite's verdicts on CPU (runs in CI): how a divergence from the no-speculation server is
 classified, and when a switch's off-tie divergences exceed a control run's by more than chance."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,10 +24,22 @@ def _ref(prompt: str, ids: list[int], tops: list[list[tuple[float, int, Any]]]) 
 
 def test_a_divergence_is_a_near_tie_only_within_the_tolerance_and_the_top_five() -> None:
     top = [(-0.50, 7, None), (-0.55, 8, None), (-0.90, 9, None)]
-    ref = _run([_ref("a", [1, 7], [[(-0.1, 1, None)], top]), _ref("b", [1, 7], [[(-0.1, 1, None)], top]),
-                _ref("c", [1, 7], [[(-0.1, 1, None)], top]), _ref("d", [1, 7], [[(-0.1, 1, None)], top])])
-    spec = _run([Result("a", output_ids=[1, 7]), Result("b", output_ids=[1, 8]),
-                 Result("c", output_ids=[1, 9]), Result("d", output_ids=[1, 4])])
+    ref = _run(
+        [
+            _ref("a", [1, 7], [[(-0.1, 1, None)], top]),
+            _ref("b", [1, 7], [[(-0.1, 1, None)], top]),
+            _ref("c", [1, 7], [[(-0.1, 1, None)], top]),
+            _ref("d", [1, 7], [[(-0.1, 1, None)], top]),
+        ]
+    )
+    spec = _run(
+        [
+            Result("a", output_ids=[1, 7]),
+            Result("b", output_ids=[1, 8]),
+            Result("c", output_ids=[1, 9]),
+            Result("d", output_ids=[1, 4]),
+        ]
+    )
     cmp = H.compare(spec, ref)
     assert (cmp.total, cmp.equal) == (4, 1)
     by_prompt = {d["prompt"]: d for d in cmp.divergences}
@@ -77,9 +90,11 @@ def test_float32_logits_only_for_the_generated_trained_pair(monkeypatch: pytest.
 
 def test_adaptive_state_switches_are_read_in_order_from_the_log() -> None:
     # as eagle_worker_v2.py (0.5.15) logs them, between other scheduler lines
-    log = ("[2026-12-03 03:20:19] Prefill batch, #new-seq: 4\n"
-           "[2026-12-03 03:20:20] Switch adaptive runtime state: steps 3 -> 0, draft_tokens 4 -> 1\n"
-           "[2026-12-03 03:20:21] Decode batch, #running-req: 30\n"
-           "[2026-12-03 03:20:22] Switch adaptive runtime state: steps 0 -> 3, draft_tokens 1 -> 4\n")
+    log = (
+        "[2026-12-03 03:20:19] Prefill batch, #new-seq: 4\n"
+        "[2026-12-03 03:20:20] Switch adaptive runtime state: steps 3 -> 0, draft_tokens 4 -> 1\n"
+        "[2026-12-03 03:20:21] Decode batch, #running-req: 30\n"
+        "[2026-12-03 03:20:22] Switch adaptive runtime state: steps 0 -> 3, draft_tokens 1 -> 4\n"
+    )
     assert H.adaptive_state_switches(log) == ["steps 3 -> 0, draft_tokens 4 -> 1", "steps 0 -> 3, draft_tokens 1 -> 4"]
     assert H.adaptive_state_switches("Decode batch, #running-req: 30\n") == []

@@ -14,6 +14,7 @@ what an always-speculating server of the same worker gives on the same backend.
 
 One backend per call fits the device's 10 minutes: `-k "kimi and triton"`, `-k "kimi and flashinfer"`.
 """
+
 from __future__ import annotations
 
 import re
@@ -58,9 +59,11 @@ def test_ramp_both_kinds_and_graphs(ctx: dict[str, Any], backend: str, worker: s
         f"cuda graph True: {len(in_range) - len(eager)}; attention_backend={_server_arg(run.log_text, 'attention_backend')} "
         f"decode={_server_arg(run.log_text, 'decode_attention_backend')} "
         f"allreduce fusion={_server_arg(run.log_text, 'enable_flashinfer_allreduce_fusion')}, "
-        f"its workspace initialized: {FUSION_WORKSPACE_LINE in run.log_text}")
+        f"its workspace initialized: {FUSION_WORKSPACE_LINE in run.log_text}"
+    )
     assert FUSION_WORKSPACE_LINE not in run.log_text, (
-        f"the fused all-reduce set up its workspace at TP 1 ({run.log_path})")
+        f"the fused all-reduce set up its workspace at TP 1 ({run.log_path})"
+    )
     assert not run.errors, f"{len(run.errors)} request(s) failed, first: {run.errors[0]}\nlog: {run.log_path}"
     assert c is not None and c.spec_steps > 0 and c.fallback_steps > 0, f"counters {c} ({run.log_path})"
     assert in_range and not eager, f"fallback decode batches without a CUDA graph: {eager[:1]} ({run.log_path})"
@@ -88,4 +91,5 @@ def test_random_pair_diverges_no_more_than_speculation_itself(ctx: dict[str, Any
     off, off_base = len(cmp.not_near_tie), len(base.not_near_tie)
     assert H.within_chance(off, off_base), (
         f"the switch gives {off} divergences off a near-tie where always speculating gives {off_base}: "
-        f"first {cmp.not_near_tie[:3]}")
+        f"first {cmp.not_near_tie[:3]}"
+    )

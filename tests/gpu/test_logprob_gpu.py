@@ -3,6 +3,7 @@ top-3 logprobs, of the output only or from the prompt start. Unpatched 0.5.9, th
 kills a v2 server; the v1 worker served them. Outputs and logprobs are checked against a
 no-speculation server's for the same requests.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,27 +20,54 @@ RAMP = [1, 5, 30, 70, 10, 1]  # crosses the switch threshold both ways
 LOGPROB_TOL = 0.05
 OUTPUT_ONLY = {"return_logprob": True, "top_logprobs_num": 3}
 FROM_START = {"return_logprob": True, "top_logprobs_num": 3, "logprob_start_len": 0}
+
+
 @pytest.fixture(scope="session")
 def load(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
     groups = H.ramp_prompts(RAMP)
     flat = [p for g in groups for p in g]
     asks = {p: (OUTPUT_ONLY if k % 20 == 3 else FROM_START) for k, p in enumerate(flat) if k % 10 == 3}
-    return {"tree": sgl_tree, "logs": log_dir, "models": H.models_for("exact", fixture_models),
-            "groups": groups, "asks": asks}
+    return {
+        "tree": sgl_tree,
+        "logs": log_dir,
+        "models": H.models_for("exact", fixture_models),
+        "groups": groups,
+        "asks": asks,
+    }
 
 
 def _run(load: dict[str, Any], name: str, spec_of: Callable[[H.Models], Any]) -> H.Run:
-    return H.once(name, lambda: H.run_server(f"logprob-{name}", spec_of(load["models"]), load["tree"], load["logs"],
-                                            load["groups"], H.GREEDY, extra_by_prompt=load["asks"]))
+    return H.once(
+        name,
+        lambda: H.run_server(
+            f"logprob-{name}",
+            spec_of(load["models"]),
+            load["tree"],
+            load["logs"],
+            load["groups"],
+            H.GREEDY,
+            extra_by_prompt=load["asks"],
+        ),
+    )
 
 
 def reference(load: dict[str, Any]) -> H.Run:
     # Every request asks, so divergences can be told from near-ties; the asked-for fields are a subset.
-    everyone = {p: {"return_logprob": True, "top_logprobs_num": 5, "logprob_start_len": 0}
-                for g in load["groups"] for p in g}
-    return H.once("nospec", lambda: H.run_server("logprob-nospec", H.nospec_spec(load["models"], H.tp_size()),
-                                                load["tree"], load["logs"], load["groups"], H.GREEDY,
-                                                extra_by_prompt=everyone))
+    everyone = {
+        p: {"return_logprob": True, "top_logprobs_num": 5, "logprob_start_len": 0} for g in load["groups"] for p in g
+    }
+    return H.once(
+        "nospec",
+        lambda: H.run_server(
+            "logprob-nospec",
+            H.nospec_spec(load["models"], H.tp_size()),
+            load["tree"],
+            load["logs"],
+            load["groups"],
+            H.GREEDY,
+            extra_by_prompt=everyone,
+        ),
+    )
 
 
 SERVERS = {
@@ -95,7 +123,8 @@ def test_logprob_requests_in_the_load(load: dict[str, Any], server: str) -> None
         f"[logprob {server}] {len(run.results)} requests, {len(asked)} asking for logprobs "
         f"({len(from_start)} from the prompt start): {len(run.errors)} errors, healthy after: {run.healthy_after}; "
         f"{cmp.line()}; output logprobs returned at {out.line()}, input logprobs at {inp.line()}; "
-        f"log {run.log_path}")
+        f"log {run.log_path}"
+    )
     assert not run.errors, f"{len(run.errors)} request(s) failed, first: {run.errors[0]}\nlog: {run.log_path}"
     assert run.healthy_after, f"the server did not answer /health after the load ({run.log_path})"
     assert not cmp.not_near_tie, f"greedy outputs diverge from no-spec away from near-ties: {cmp.not_near_tie[0]}"

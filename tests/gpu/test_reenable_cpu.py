@@ -1,4 +1,5 @@
 """How the acceptance-after-re-enable tests read a server log (CPU, runs in CI)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,8 +11,10 @@ import reenable as R
 
 def _decode(bs: int, accept_len: float) -> str:
     # 0.5.15's decode line on a speculative server (metrics_reporter.py)
-    return (f"[2026-12-01 10:00:00] Decode batch, #running-req: {bs}, #token: 900, token usage: 0.01, "
-            f"accept len: {accept_len:.2f}, accept rate: 0.50, cuda graph: True, gen throughput (token/s): 1.00")
+    return (
+        f"[2026-12-01 10:00:00] Decode batch, #running-req: {bs}, #token: 900, token usage: 0.01, "
+        f"accept len: {accept_len:.2f}, accept rate: 0.50, cuda graph: True, gen throughput (token/s): 1.00"
+    )
 
 
 def test_the_steps_after_the_burst_give_the_accept_length_and_the_tokens_before() -> None:

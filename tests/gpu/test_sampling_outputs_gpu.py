@@ -10,6 +10,7 @@ non-overlap server decodes as penalties are defined (each step counts every outp
 A speculating server must return the same ids, text and completion_tokens, except where the
 reference's top two tokens are a near-tie.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,8 +45,9 @@ def _stop(k: int) -> dict[str, Any]:
 
 
 def _penalty(k: int) -> dict[str, Any]:
-    return ({"frequency_penalty": 0.8}, {"presence_penalty": 0.8},
-            {"frequency_penalty": 0.4, "presence_penalty": 0.4})[k % 3]
+    return ({"frequency_penalty": 0.8}, {"presence_penalty": 0.8}, {"frequency_penalty": 0.4, "presence_penalty": 0.4})[
+        k % 3
+    ]
 
 
 KINDS: dict[str, Callable[[int], dict[str, Any]]] = {"logit_bias": _logit_bias, "stop": _stop, "penalty": _penalty}
@@ -61,15 +63,24 @@ def load(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
         kind = list(KINDS)[k % len(KINDS)]
         kind_of[prompt] = kind
         asks[prompt] = {"sampling_params": {**greedy, **KINDS[kind](k // len(KINDS))}}
-    return {**ctx, "groups": groups, "kind_of": kind_of, "asks": asks,
-            "models": H.models_for(PAIR, fixture_models)}
+    return {**ctx, "groups": groups, "kind_of": kind_of, "asks": asks, "models": H.models_for(PAIR, fixture_models)}
 
 
 def _serve(load: dict[str, Any], name: str, spec: Any, logprobs: bool = False) -> H.Run:
     extra = H.REFERENCE_LOGPROBS if logprobs else None
-    return H.once(f"sampling-{name}", lambda: H.run_server(
-        f"sampling-{name}", spec, load["tree"], load["logs"], load["groups"], H.GREEDY, extra,
-        extra_by_prompt=load["asks"]))
+    return H.once(
+        f"sampling-{name}",
+        lambda: H.run_server(
+            f"sampling-{name}",
+            spec,
+            load["tree"],
+            load["logs"],
+            load["groups"],
+            H.GREEDY,
+            extra,
+            extra_by_prompt=load["asks"],
+        ),
+    )
 
 
 def reference(load: dict[str, Any]) -> H.Run:
@@ -82,8 +93,12 @@ def _adaptive(load: dict[str, Any], plain_decode: bool) -> Any:
     3 steps up to the switch's threshold, 0 above; plain_decode: 0002's steps=0 plain decodes."""
     name = "adaptive-plain-v2" if plain_decode else "adaptive-v2"
     tiers = write_off_above_tiers(load["logs"] / f"sampling-{name}-tiers.json", H.DISABLE, STEPS)
-    spec = H.always_spec(load["models"], "v2", H.tp_size(), extra=[
-        "--speculative-adaptive", "--speculative-adaptive-config", str(tiers), *H.pair_flags(PAIR)])
+    spec = H.always_spec(
+        load["models"],
+        "v2",
+        H.tp_size(),
+        extra=["--speculative-adaptive", "--speculative-adaptive-config", str(tiers), *H.pair_flags(PAIR)],
+    )
     return dataclasses.replace(spec, env={**spec.env, ZERO_STEP_PLAIN_DECODE: "1"}) if plain_decode else spec
 
 
@@ -118,13 +133,18 @@ def _mismatches(run: H.Run, ref: H.Run, prompts: set[str]) -> list[tuple[Any, An
     """(result, reference) pairs whose text or completion_tokens differ (ids are compare's)."""
     by_prompt = {r.prompt: r for r in ref.results}
     pairs = [(r, by_prompt[r.prompt]) for r in run.results if r.prompt in prompts]
-    return [(r, b) for r, b in pairs if not r.error and not b.error
-            and (r.text, r.completion_tokens) != (b.text, b.completion_tokens)]
+    return [
+        (r, b)
+        for r, b in pairs
+        if not r.error and not b.error and (r.text, r.completion_tokens) != (b.text, b.completion_tokens)
+    ]
 
 
 def _describe(result: Any, reference: Any) -> str:
-    return (f"{result.prompt[:40]!r}: {result.completion_tokens} tokens {result.text[-30:]!r}, "
-            f"reference {reference.completion_tokens} {reference.text[-30:]!r}")
+    return (
+        f"{result.prompt[:40]!r}: {result.completion_tokens} tokens {result.text[-30:]!r}, "
+        f"reference {reference.completion_tokens} {reference.text[-30:]!r}"
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -140,11 +160,12 @@ def test_outputs_equal_a_plain_servers(load: dict[str, Any], server: str, kind: 
     cmp = H.compare(_only(run, prompts), ref)
     off = cmp.not_near_tie
     unequal = _mismatches(run, ref, prompts)
-    SUMMARY.append(f"[sampling {server} {kind}] {cmp.line()}; text or completion_tokens differ in "
-                   f"{len(unequal)}; log {run.log_path}")
+    SUMMARY.append(
+        f"[sampling {server} {kind}] {cmp.line()}; text or completion_tokens differ in "
+        f"{len(unequal)}; log {run.log_path}"
+    )
     assert not off, f"{len(off)} {kind} request(s) diverge away from near-ties, first: {off[0]}"
     # A near-tie divergence changes the text too; compare keys divergences by the prompt's first 60 characters.
     tied = {d["prompt"] for d in cmp.divergences}
     unequal = [(r, b) for r, b in unequal if r.prompt[:60] not in tied]
-    assert not unequal, (f"{len(unequal)} {kind} request(s) return other text or counts, first: "
-                         f"{_describe(*unequal[0])}")
+    assert not unequal, f"{len(unequal)} {kind} request(s) return other text or counts, first: {_describe(*unequal[0])}"

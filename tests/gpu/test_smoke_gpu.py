@@ -2,6 +2,7 @@
 on the v2 worker serve the ramp, their greedy outputs agree on the exact pair, and the SM120 patch's
 gates stay shut on a GPU that is not SM120. The one GPU test of a line that does not carry the switch
 (v0.5.15); on the default line it runs beside the switch tests."""
+
 from __future__ import annotations
 
 import json
@@ -19,6 +20,7 @@ from gpu_harness import SUMMARY
 
 pytestmark = pytest.mark.gpu
 
+
 @pytest.fixture(scope="module")
 def ctx(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
     return H.ramp_context(sgl_tree, log_dir, fixture_models)
@@ -27,8 +29,12 @@ def ctx(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
 def plain_run(ctx: dict[str, Any]) -> H.Run:
     models = H.models_for("exact", ctx["fx"])
     spec = H.nospec_spec(models, H.tp_size())
-    return H.once("smoke-plain", lambda: H.run_server("smoke-plain-exact", spec, ctx["tree"], ctx["logs"],
-                                                      ctx["groups"], H.GREEDY, H.REFERENCE_LOGPROBS))
+    return H.once(
+        "smoke-plain",
+        lambda: H.run_server(
+            "smoke-plain-exact", spec, ctx["tree"], ctx["logs"], ctx["groups"], H.GREEDY, H.REFERENCE_LOGPROBS
+        ),
+    )
 
 
 def spec_v2_run(ctx: dict[str, Any]) -> H.Run:
@@ -72,12 +78,14 @@ print(json.dumps({"capability": list(torch.cuda.get_device_capability()),
 
 def test_sm120_paths_stay_off(sgl_tree: Path) -> None:
     """0001's gates evaluated on this GPU, in the tree's own import of SGLang."""
-    proc = subprocess.run([sys.executable, "-c", SM120_PROBE], env=server_env(sgl_tree), capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", SM120_PROBE], env=server_env(sgl_tree), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, f"the probe failed:\n{proc.stderr[-3000:]}"
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     SUMMARY.append(f"[smoke sm120 gates] {got}")
     if got["capability"][0] == 12:
         pytest.skip("this GPU is SM120: the gates are meant to be open here")
     assert not got["is_sm120_supported"] and not got["communicator_admits_sm120"], (
-        f"an SM120 code path is enabled on a GPU of capability {got['capability']}: {got}")
+        f"an SM120 code path is enabled on a GPU of capability {got['capability']}: {got}"
+    )

@@ -9,6 +9,7 @@ traffic changes, with every request answered. On the Kimi-shaped exact pair (MLA
 ramp must pass with `auto` as with fixed thresholds. The speed figures are the benchmark's
 (`switch-v2-auto`, `switch-v1-auto`).
 """
+
 from __future__ import annotations
 
 import random
@@ -59,8 +60,10 @@ def test_threshold_falls_when_acceptance_does(ctx: dict[str, Any], worker: str) 
             errors += lr.errors
             thresholds.append(parse_threshold(client.get_metrics(srv.url)))
     changes = [(int(a), int(b)) for a, b in CHANGE.findall(log.read_text(errors="replace"))]
-    SUMMARY.append(f"[switch auto {worker}, trained-gpu-bound pair, C={CONCURRENCY}] threshold after code prompts "
-                   f"{thresholds[0]}, after random ones {thresholds[1]}; changes {changes}")
+    SUMMARY.append(
+        f"[switch auto {worker}, trained-gpu-bound pair, C={CONCURRENCY}] threshold after code prompts "
+        f"{thresholds[0]}, after random ones {thresholds[1]}; changes {changes}"
+    )
     assert not errors, errors[:3]
     on_code, on_random = thresholds
     assert on_code is not None and on_random is not None, "no sglang:spec_switch_threshold in /metrics"
@@ -72,7 +75,9 @@ def test_threshold_falls_when_acceptance_does(ctx: dict[str, Any], worker: str) 
 def test_kimi_ramp_with_auto_on_triton(ctx: dict[str, Any], worker: str) -> None:
     run = H.auto_switch_run(ctx, worker, "kimi-exact", "triton")
     counters = run.counters()
-    SUMMARY.append(f"[switch auto {worker}, kimi triton] ramp: {len(run.results)} requests, {len(run.errors)} "
-                   f"errors; counters {counters.as_dict() if counters else None}")
+    SUMMARY.append(
+        f"[switch auto {worker}, kimi triton] ramp: {len(run.results)} requests, {len(run.errors)} "
+        f"errors; counters {counters.as_dict() if counters else None}"
+    )
     assert not run.errors, run.errors[:3]
     assert run.healthy_after

@@ -56,21 +56,21 @@ class StandInTarget:
         forward_batch = ForwardBatch.init_new(mwb, self.runner)
         rows = len(mwb.input_ids)
         hidden = (100 * self.step + torch.arange(rows, dtype=torch.float32))[:, None]
-        tokens = torch.tensor(
-            [1000 * self.step + i for i in range(len(mwb.seq_lens))], dtype=torch.int64
+        tokens = torch.tensor([1000 * self.step + i for i in range(len(mwb.seq_lens))], dtype=torch.int64)
+        self.calls.append(
+            types.SimpleNamespace(
+                mode=mwb.forward_mode,
+                input_ids=mwb.input_ids.clone(),
+                out_cache_loc=mwb.out_cache_loc.clone(),
+                positions=forward_batch.positions.clone(),
+                seq_lens=mwb.seq_lens.clone(),
+                extend_prefix_lens=mwb.extend_prefix_lens,
+                extend_seq_lens=mwb.extend_seq_lens,
+                global_num_tokens=mwb.global_num_tokens,
+                is_extend_in_batch=mwb.is_extend_in_batch,
+                sampled=tokens,
+            )
         )
-        self.calls.append(types.SimpleNamespace(
-            mode=mwb.forward_mode,
-            input_ids=mwb.input_ids.clone(),
-            out_cache_loc=mwb.out_cache_loc.clone(),
-            positions=forward_batch.positions.clone(),
-            seq_lens=mwb.seq_lens.clone(),
-            extend_prefix_lens=mwb.extend_prefix_lens,
-            extend_seq_lens=mwb.extend_seq_lens,
-            global_num_tokens=mwb.global_num_tokens,
-            is_extend_in_batch=mwb.is_extend_in_batch,
-            sampled=tokens,
-        ))
         return GenerationBatchResult(
             logits_output=LogitsProcessorOutput(
                 next_token_logits=None, hidden_states=hidden.expand(rows, AUX_HIDDEN).clone()
@@ -111,20 +111,20 @@ class StandInDraft:
         self.draft_runner = RecordingDraftRunner(pools)
         self.topk = 1
         self.hot_token_id = None
-        self._draft_extend_for_prefill = types.MethodType(
-            EagleDraftWorker._draft_extend_for_prefill, self
-        )
+        self._draft_extend_for_prefill = types.MethodType(EagleDraftWorker._draft_extend_for_prefill, self)
         self.decode_extends = []
 
     def draft_tp_context(self, group):
         return contextlib.nullcontext()
 
     def _draft_extend_for_decode(self, mwb, result):
-        self.decode_extends.append(types.SimpleNamespace(
-            seq_lens=mwb.seq_lens.clone(),
-            hidden=result.logits_output.hidden_states.clone(),
-            accept_lens=result.accept_lens.clone(),
-        ))
+        self.decode_extends.append(
+            types.SimpleNamespace(
+                seq_lens=mwb.seq_lens.clone(),
+                hidden=result.logits_output.hidden_states.clone(),
+                accept_lens=result.accept_lens.clone(),
+            )
+        )
         bs = len(mwb.seq_lens)
         nxt = result.next_draft_input
         nxt.topk_p, nxt.topk_index = torch.ones(bs, 1), torch.full((bs, 1), 1)
@@ -177,9 +177,7 @@ class Loop:
 
     def process_waiting(self):
         if self.waiting is not None:
-            tokens = scheduler_for_output_processing()._resolve_spec_overlap_token_ids(
-                self.waiting, self.batch
-            )
+            tokens = scheduler_for_output_processing()._resolve_spec_overlap_token_ids(self.waiting, self.batch)
             for req, new in zip(self.batch.reqs, tokens, strict=True):
                 req.output_ids.extend(new)  # as process_batch_result_decode does for spec v2
             self.waiting = None

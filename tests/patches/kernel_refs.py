@@ -23,8 +23,9 @@ def word_tokenizer(path: Path, vocab_size: int):
     return get_tokenizer(str(path))
 
 
-def greedy_tree_walk(predicts, accept_index, accept_token_num, candidates, index, next_token, next_sibling,
-                     target_predict) -> None:
+def greedy_tree_walk(
+    predicts, accept_index, accept_token_num, candidates, index, next_token, next_sibling, target_predict
+) -> None:
     # sgl-kernel's greedy tree walk: from the root, follow the child (then its siblings) whose
     # draft token equals the target's prediction at the last accepted node; write the target's
     # prediction at every accepted node and the bonus at the last one.

@@ -99,9 +99,7 @@ def make_pools(model_path: Path, max_reqs: int = 64, max_tokens: int = 8192) -> 
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 
     model_config = ModelConfig(str(model_path))
-    req_to_token_pool = ReqToTokenPool(
-        size=max_reqs, max_context_len=1024, device="cpu", enable_memory_saver=False
-    )
+    req_to_token_pool = ReqToTokenPool(size=max_reqs, max_context_len=1024, device="cpu", enable_memory_saver=False)
     kv_pool = MHATokenToKVPool(
         size=max_tokens,
         page_size=1,
@@ -141,9 +139,7 @@ def make_req(
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    params = SamplingParams(
-        max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids, **(sampling or {})
-    )
+    params = SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids, **(sampling or {}))
     params.normalize(None)
     params.verify(VOCAB)
     input_ids = [(7 * i + len(rid)) % (VOCAB - 10) + 10 for i in range(prompt_len)]
@@ -222,9 +218,7 @@ def prefilled_decode_batch(
 # ---- torch references for the triton kernels on these paths --------------------------------
 
 
-def _create_extend_after_decode_spec_info(
-    verified_id, seq_lens, accept_lens, positions, new_verified_id, _pow2
-):
+def _create_extend_after_decode_spec_info(verified_id, seq_lens, accept_lens, positions, new_verified_id, _pow2):
     # Per request: the accepted tokens sit at positions seq_len - accept_len ... seq_len - 1;
     # the last one becomes the next verified id.
     start = 0
@@ -273,23 +267,17 @@ def _assign_draft_cache_locs(
         req_to_token[req_pool_indices[i], s : s + per_req] = locs.to(req_to_token.dtype)
 
 
-def _assign_req_to_token_pool(
-    req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, *_constexprs
-):
+def _assign_req_to_token_pool(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, *_constexprs):
     # Request i's slots [start_i, end_i) of req_to_token take the next end_i - start_i
     # entries of out_cache_loc.
     pt = 0
     for i in range(req_pool_indices.numel()):
         start, end = int(start_offset[i]), int(end_offset[i])
-        req_to_token[req_pool_indices[i], start:end] = out_cache_loc[pt : pt + end - start].to(
-            req_to_token.dtype
-        )
+        req_to_token[req_pool_indices[i], start:end] = out_cache_loc[pt : pt + end - start].to(req_to_token.dtype)
         pt += end - start
 
 
-def _assign_extend_cache_locs(
-    req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, *_constexprs
-):
+def _assign_extend_cache_locs(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, *_constexprs):
     # The reverse gather: out_cache_loc takes request i's slots [start_i, end_i), concatenated.
     pt = 0
     for i in range(req_pool_indices.numel()):
@@ -304,12 +292,8 @@ def use_torch_kernels(monkeypatch) -> None:
     import sglang.srt.speculative.eagle_worker as eagle_worker
     import sglang.srt.speculative.spec_utils as spec_utils
 
-    monkeypatch.setattr(
-        spec_utils, "assign_req_to_token_pool", Launcher(_assign_req_to_token_pool)
-    )
-    monkeypatch.setattr(
-        eagle_info_v2, "assign_extend_cache_locs", Launcher(_assign_extend_cache_locs)
-    )
+    monkeypatch.setattr(spec_utils, "assign_req_to_token_pool", Launcher(_assign_req_to_token_pool))
+    monkeypatch.setattr(eagle_info_v2, "assign_extend_cache_locs", Launcher(_assign_extend_cache_locs))
     # Take SGLang's CUDA branch of assign_extend_cache_locs_func, whose kernel is replaced above.
     monkeypatch.setattr(eagle_info_v2, "_is_cuda", True)
 
@@ -318,9 +302,7 @@ def use_torch_kernels(monkeypatch) -> None:
         "create_extend_after_decode_spec_info",
         Launcher(_create_extend_after_decode_spec_info),
     )
-    monkeypatch.setattr(
-        eagle_worker, "assign_draft_cache_locs", Launcher(_assign_draft_cache_locs)
-    )
+    monkeypatch.setattr(eagle_worker, "assign_draft_cache_locs", Launcher(_assign_draft_cache_locs))
 
 
 def init_single_rank_groups() -> None:

@@ -38,9 +38,7 @@ def v2_env(tmp_path, monkeypatch, **server_args):
 
 def v2_decode_batch(env, n=NUM_REQS):
     reqs = [make_req(f"r{i}", prompt_len=4 + i) for i in range(n)]
-    batch = prefilled_decode_batch(
-        env, reqs, [100 + i for i in range(n)], overlap=True, topk=1
-    )
+    batch = prefilled_decode_batch(env, reqs, [100 + i for i in range(n)], overlap=True, topk=1)
     return batch, reqs
 
 
@@ -49,9 +47,7 @@ def scheduler_for_output_processing():
 
     scheduler = object.__new__(Scheduler)
     # The processor reads the stride from the draft worker's configuration.
-    scheduler.draft_worker = types.SimpleNamespace(
-        speculative_num_draft_tokens=NUM_DRAFT_TOKENS
-    )
+    scheduler.draft_worker = types.SimpleNamespace(speculative_num_draft_tokens=NUM_DRAFT_TOKENS)
     return scheduler
 
 

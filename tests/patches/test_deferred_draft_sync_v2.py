@@ -193,8 +193,9 @@ def test_models_whose_state_an_extend_would_corrupt_are_refused(model):
     )
     with pytest.raises(ValueError, match=r"catches the draft up .* do not allow \(SomeModel\)"):
         DeferredDraftSyncV2.for_target(server_args_with_defaults(), runner)
-    plain = types.SimpleNamespace(**{**vars(runner), "is_hybrid_swa": False, "mambaish_config": None,
-                                     "model_is_mrope": False})
+    plain = types.SimpleNamespace(
+        **{**vars(runner), "is_hybrid_swa": False, "mambaish_config": None, "model_is_mrope": False}
+    )
     sync = DeferredDraftSyncV2.for_target(server_args_with_defaults(chunked_prefill_size=2048), plain)
     assert sync.max_catch_up_tokens == 2048
 

@@ -88,11 +88,15 @@ def test_each_row_is_penalised_as_plain_decoding_would(orchestrator, kind):
     draft, next_token, next_sibling = _tree(kind, roots)
     bs, num_draft = draft.shape
     logits = torch.rand(bs * num_draft, VOCAB, generator=torch.Generator().manual_seed(1))
-    expected = torch.stack([
-        _plain_row(orch, b, [int(draft[b, a]) for a in _path(PATHS[kind][0], PATHS[kind][1], i)],
-                   logits[b * num_draft + i])
-        for b in range(bs) for i in range(num_draft)
-    ])
+    expected = torch.stack(
+        [
+            _plain_row(
+                orch, b, [int(draft[b, a]) for a in _path(PATHS[kind][0], PATHS[kind][1], i)], logits[b * num_draft + i]
+            )
+            for b in range(bs)
+            for i in range(num_draft)
+        ]
+    )
 
     apply_penalties_per_draft_position(logits, orch, draft, next_token, next_sibling)
 

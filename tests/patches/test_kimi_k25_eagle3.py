@@ -111,8 +111,16 @@ def test_clear_error_when_language_model_lacks_hook(name, args):
 def _small_kimi_params():
     from bench.kimi_fixture import KimiParams
 
-    return KimiParams(hidden=256, heads=2, q_lora_rank=64, intermediate=512, moe_intermediate=64,
-                      draft_heads=2, draft_kv_heads=1, draft_intermediate=256)
+    return KimiParams(
+        hidden=256,
+        heads=2,
+        q_lora_rank=64,
+        intermediate=512,
+        moe_intermediate=64,
+        draft_heads=2,
+        draft_kv_heads=1,
+        draft_intermediate=256,
+    )
 
 
 def _built_kimi(target, monkeypatch):
@@ -124,8 +132,9 @@ def _built_kimi(target, monkeypatch):
 
     import sglang_cpu
 
-    args = sglang_cpu.make_server_args(target, attention_backend="triton", enable_dp_attention=False,
-                                       dp_size=1, attn_cp_size=1, moe_dense_tp_size=None)
+    args = sglang_cpu.make_server_args(
+        target, attention_backend="triton", enable_dp_attention=False, dp_size=1, attn_cp_size=1, moe_dense_tp_size=None
+    )
     sglang_cpu.init_single_rank_groups()
     config = ModelConfig(str(target))
     initialize_dp_attention(args, config)
@@ -162,8 +171,9 @@ def test_fixture_checkpoint_loads_into_the_real_model_and_its_hooks(tmp_path, mo
     layers = lm.model.layers
     assert not any(layer.self_attn.o_proj.weight.any() for layer in layers), "exact: o_proj must be zero"
     assert not layers[0].mlp.down_proj.weight.any()
-    assert not any(layer.mlp.experts.w2_weight.any() or layer.mlp.shared_experts.down_proj.weight.any()
-                   for layer in layers[1:]), "exact: every expert's down_proj must be zero"
+    assert not any(
+        layer.mlp.experts.w2_weight.any() or layer.mlp.shared_experts.down_proj.weight.any() for layer in layers[1:]
+    ), "exact: every expert's down_proj must be zero"
 
     # 0002's hooks on the fully built model: the layers the draft's fc takes, and its embedding/head.
     model.set_eagle3_layers_to_capture()

@@ -36,12 +36,8 @@ def _verify(env, reqs, drafts):
     draft_tokens = torch.tensor(drafts, dtype=torch.int64)
     verify_input = chain_verify_input(draft_tokens, batch.seq_lens)
     logits = logits_favouring(len(reqs) * NUM_DRAFT_TOKENS, FAVOURED)
-    predict, accept_length, accept_index = verify_input.sample(
-        mwb, LogitsProcessorOutput(next_token_logits=logits)
-    )
-    return [
-        predict[accept_index[b, : int(accept_length[b])]].tolist() for b in range(len(reqs))
-    ]
+    predict, accept_length, accept_index = verify_input.sample(mwb, LogitsProcessorOutput(next_token_logits=logits))
+    return [predict[accept_index[b, : int(accept_length[b])]].tolist() for b in range(len(reqs))]
 
 
 def test_biased_token_is_accepted_at_every_draft_position(env):

@@ -42,8 +42,13 @@ REQUESTS = {
 @pytest.fixture
 def env(tmp_path):
     model_path = write_tiny_llama_config(tmp_path / "model")
-    make_server_args(model_path, speculative_eagle_topk=1, speculative_num_steps=3,
-                     speculative_num_draft_tokens=4, disable_overlap_schedule=False)
+    make_server_args(
+        model_path,
+        speculative_eagle_topk=1,
+        speculative_num_steps=3,
+        speculative_num_draft_tokens=4,
+        disable_overlap_schedule=False,
+    )
     init_single_rank_groups()
     return make_pools(model_path)
 
@@ -72,8 +77,13 @@ def _prefill_batch(env, asks: tuple | None):
         req.init_next_round_input(env.tree_cache)
         reqs.append(req)
     batch = ScheduleBatch.init_new(
-        reqs, env.req_to_token_pool, env.allocator, env.tree_cache, env.model_config,
-        enable_overlap=True, spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+        reqs,
+        env.req_to_token_pool,
+        env.allocator,
+        env.tree_cache,
+        env.model_config,
+        enable_overlap=True,
+        spec_algorithm=SpeculativeAlgorithm.EAGLE3,
     )
     batch.prepare_for_extend()
     assert batch.seq_lens.tolist() == list(PROMPT_LENS)
@@ -112,9 +122,7 @@ class DraftRunner:
         self.forward_batches.append(forward_batch)
         hidden = self.embed[forward_batch.input_ids.long()]
         aux = hidden @ self.to_aux
-        logits_output = self.logits_processor(
-            forward_batch.input_ids, hidden, self.lm_head, forward_batch, [aux]
-        )
+        logits_output = self.logits_processor(forward_batch.input_ids, hidden, self.lm_head, forward_batch, [aux])
         return types.SimpleNamespace(logits_output=logits_output, aux=aux)
 
 
@@ -143,9 +151,7 @@ def test_input_logprob_branch_keeps_the_last_rows_aux_states(env, asks):
     # The same batch without the logprob request stores the same states (the branch that worked).
     _, plain = _forward(env, DraftRunner(env, VOCAB), None)
     torch.testing.assert_close(stored, plain.logits_output.hidden_states)
-    torch.testing.assert_close(
-        out.logits_output.next_token_logits, plain.logits_output.next_token_logits
-    )
+    torch.testing.assert_close(out.logits_output.next_token_logits, plain.logits_output.next_token_logits)
 
 
 @pytest.mark.parametrize("asks", REQUESTS.values(), ids=REQUESTS.keys())

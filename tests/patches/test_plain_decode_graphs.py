@@ -82,12 +82,8 @@ def _capture_sizes(tmp_path, speculating_only, **switch):
         cuda_graph_bs=[1, 2, 4, 8, 12, 16, 24, 32, 48, 64],
         **switch,
     )
-    model_runner = SimpleNamespace(
-        server_args=args, req_to_token_pool=SimpleNamespace(size=256)
-    )
-    capture_bs, _ = get_batch_sizes_to_capture(
-        model_runner, 16, speculating_only=speculating_only
-    )
+    model_runner = SimpleNamespace(server_args=args, req_to_token_pool=SimpleNamespace(size=256))
+    capture_bs, _ = get_batch_sizes_to_capture(model_runner, 16, speculating_only=speculating_only)
     return capture_bs
 
 
@@ -95,9 +91,7 @@ def _capture_sizes(tmp_path, speculating_only, **switch):
     "disable, expected",
     [(5, [1, 2, 4, 8]), (8, [1, 2, 4, 8]), (100, [1, 2, 4, 8, 12, 16, 24, 32, 48, 64])],
 )
-def test_speculating_graphs_stop_at_the_size_the_threshold_pads_to(
-    tmp_path, disable, expected
-):
+def test_speculating_graphs_stop_at_the_size_the_threshold_pads_to(tmp_path, disable, expected):
     """Speculative steps run at bs <= N only; larger verify/draft graphs would never replay."""
     switch = dict(speculative_disable_batch_size=disable, speculative_enable_batch_size=3)
     assert _capture_sizes(tmp_path, True, **switch) == expected

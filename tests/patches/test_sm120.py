@@ -41,9 +41,7 @@ def _clear_capability_caches():
 def _report_capability(monkeypatch, capability):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.version, "cuda", "12.8")
-    monkeypatch.setattr(
-        torch.cuda, "get_device_capability", lambda *args, **kwargs: capability
-    )
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args, **kwargs: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args, **kwargs: "GPU")
     _clear_capability_caches()
 
@@ -65,9 +63,7 @@ def device(monkeypatch):
 
 
 def _server_args(**overrides):
-    return server_args_with_defaults(
-        **{"model_path": "moonshotai/Kimi-K2.5", "tp_size": 8, **overrides}
-    )
+    return server_args_with_defaults(**{"model_path": "moonshotai/Kimi-K2.5", "tp_size": 8, **overrides})
 
 
 def _gate(communicator, monkeypatch, *, flag, batch_size=4):
@@ -139,9 +135,7 @@ class _UnsupportedArchFlashInferComm:
 
     def trtllm_create_ipc_workspace_for_all_reduce_fusion(self, *args, **kwargs):
         self.create_calls += 1
-        raise RuntimeError(
-            "No supported CUDA architectures found for major versions [9, 10]."
-        )
+        raise RuntimeError("No supported CUDA architectures found for major versions [9, 10].")
 
     def trtllm_allreduce_fusion(self, *args, **kwargs):  # pragma: no cover
         raise AssertionError("fused kernel called without a workspace")
@@ -171,9 +165,7 @@ def fusion_module(monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ["sm120", "sm90"])
-def test_workspace_init_failure_disables_fusion(
-    device, fusion_module, monkeypatch, caplog, arch
-):
+def test_workspace_init_failure_disables_fusion(device, fusion_module, monkeypatch, caplog, arch):
     import sglang.srt.distributed as distributed
     from sglang.srt.layers.layernorm import RMSNorm
 
@@ -190,13 +182,9 @@ def test_workspace_init_failure_disables_fusion(
     monkeypatch.setattr(fusion, "is_flashinfer_available", lambda: True)
     monkeypatch.setattr(fusion, "get_tensor_model_parallel_world_size", lambda: world_size)
     monkeypatch.setattr(fusion.dist, "get_rank", lambda *args, **kwargs: 0)
-    monkeypatch.setattr(
-        distributed, "get_tensor_model_parallel_world_size", lambda: world_size
-    )
+    monkeypatch.setattr(distributed, "get_tensor_model_parallel_world_size", lambda: world_size)
     # Every rank holds the same partial sum, so the all-reduce multiplies by world_size.
-    monkeypatch.setattr(
-        distributed, "tensor_model_parallel_all_reduce", lambda t: t * world_size
-    )
+    monkeypatch.setattr(distributed, "tensor_model_parallel_all_reduce", lambda t: t * world_size)
 
     assert _gate(communicator, monkeypatch, flag=True) is True
 

@@ -78,7 +78,9 @@ class Rank:
 
         worker._draft_worker = types.SimpleNamespace(
             draft_tp_context=lambda group: contextlib.nullcontext(),
-            draft_runner=types.SimpleNamespace(tp_group=None), draft=draft)
+            draft_runner=types.SimpleNamespace(tp_group=None),
+            draft=draft,
+        )
         self.worker, self.switch = worker, worker.spec_switch
         scheduler = object.__new__(Scheduler)
         scheduler.draft_worker = worker
@@ -86,10 +88,18 @@ class Rank:
         if entry:
             idle = types.SimpleNamespace(recv_pyobj=_nothing_waiting)
             scheduler.__dict__.update(
-                recv_skipper=None, pp_rank=0, attn_tp_rank=0, attn_cp_rank=0, max_recv_per_poll=-1,
-                recv_from_tokenizer=idle, recv_from_rpc=idle, input_blocker=None, tp_size=1,
+                recv_skipper=None,
+                pp_rank=0,
+                attn_tp_rank=0,
+                attn_cp_rank=0,
+                max_recv_per_poll=-1,
+                recv_from_tokenizer=idle,
+                recv_from_rpc=idle,
+                input_blocker=None,
+                tp_size=1,
                 server_args=types.SimpleNamespace(enable_dp_attention=False, language_only=False),
-                enable_trace=False)
+                enable_trace=False,
+            )
         self.scheduler = scheduler
         self.batch = None
         self.worker_batch = None
@@ -105,8 +115,9 @@ class Rank:
                 self.env.allocator.free(self.batch.out_cache_loc)
             self.forward_ct += 1  # the requests' prefill ran between the decode steps
             reqs = [make_req(f"s{self.forward_ct}r{i}", prompt_len=4 + i % 3) for i in range(batch_size)]
-            self.batch = prefilled_decode_batch(self.env, reqs, [100 + i for i in range(batch_size)],
-                                                overlap=True, topk=1)
+            self.batch = prefilled_decode_batch(
+                self.env, reqs, [100 + i for i in range(batch_size)], overlap=True, topk=1
+            )
             self.worker_batch = self.batch.get_model_worker_batch()
         return self.worker_batch
 
@@ -123,8 +134,9 @@ class Rank:
             seconds *= 4
         self.now += seconds
         self.forward_ct += 1
-        result = GenerationBatchResult(num_accepted_tokens=accepted, spec_skipped=not speculative,
-                                       spec_catch_up=kind == CAUGHT_UP)
+        result = GenerationBatchResult(
+            num_accepted_tokens=accepted, spec_skipped=not speculative, spec_catch_up=kind == CAUGHT_UP
+        )
         self.switch.observe_step(self.forward_ct, batch_size, result)
 
     def receive(self) -> list:
@@ -219,8 +231,10 @@ def test_ranks_switch_at_the_same_steps(tmp_path, monkeypatch):
     other thresholds; with the entry rank's sent to both, every step is of the same kind."""
     gpu = SimulatedGpu(noise=0.08)
     load = [(5, 300), (12, 500), (30, 500), (18, 800), (24, 800)]
-    ranks = [Rank(v2_env(tmp_path / "r0", monkeypatch), seed=0, entry=True),
-             Rank(v2_env(tmp_path / "r1", monkeypatch), seed=1, entry=False)]
+    ranks = [
+        Rank(v2_env(tmp_path / "r0", monkeypatch), seed=0, entry=True),
+        Rank(v2_env(tmp_path / "r1", monkeypatch), seed=1, entry=False),
+    ]
     serve(ranks, load, gpu)
     assert ranks[0].kinds == ranks[1].kinds
     assert ranks[0].switch.status() == ranks[1].switch.status()
@@ -250,8 +264,12 @@ def test_auto_bounds_the_learned_thresholds(tmp_path):
     assert (args.speculative_disable_batch_size, args.speculative_enable_batch_size) == (64, 1)
     switch = SpecSwitch.from_server_args(args)
     assert (switch.disable_batch_size, switch.enable_batch_size) == (8, 6)  # the prior
-    args = _handle(tmp_path, speculative_disable_batch_size="auto", speculative_auto_max_batch_size=4,
-                   speculative_enable_batch_size="auto")
+    args = _handle(
+        tmp_path,
+        speculative_disable_batch_size="auto",
+        speculative_auto_max_batch_size=4,
+        speculative_enable_batch_size="auto",
+    )
     assert args.speculative_disable_batch_size == 4
     assert SpecSwitch.from_server_args(args).disable_batch_size == 4
     fixed = _handle(tmp_path, speculative_disable_batch_size=16)
@@ -261,16 +279,23 @@ def test_auto_bounds_the_learned_thresholds(tmp_path):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"speculative_disable_batch_size": "auto", "speculative_enable_batch_size": 4},
-         "leave --speculative-enable-batch-size out or set it to auto"),
-        ({"speculative_disable_batch_size": 8, "speculative_enable_batch_size": "auto"},
-         "needs --speculative-disable-batch-size auto"),
-        ({"speculative_disable_batch_size": 8, "speculative_auto_max_batch_size": 32},
-         "--speculative-auto-max-batch-size needs --speculative-disable-batch-size auto"),
-        ({"speculative_disable_batch_size": "auto", "speculative_auto_max_batch_size": 0},
-         "must be at least 1, got 0"),
-        ({"speculative_disable_batch_size": "auto", "enable_dp_attention": True},
-         "does not support --enable-dp-attention"),
+        (
+            {"speculative_disable_batch_size": "auto", "speculative_enable_batch_size": 4},
+            "leave --speculative-enable-batch-size out or set it to auto",
+        ),
+        (
+            {"speculative_disable_batch_size": 8, "speculative_enable_batch_size": "auto"},
+            "needs --speculative-disable-batch-size auto",
+        ),
+        (
+            {"speculative_disable_batch_size": 8, "speculative_auto_max_batch_size": 32},
+            "--speculative-auto-max-batch-size needs --speculative-disable-batch-size auto",
+        ),
+        ({"speculative_disable_batch_size": "auto", "speculative_auto_max_batch_size": 0}, "must be at least 1, got 0"),
+        (
+            {"speculative_disable_batch_size": "auto", "enable_dp_attention": True},
+            "does not support --enable-dp-attention",
+        ),
     ],
 )
 def test_bad_auto_arguments_are_refused(tmp_path, overrides, message):
@@ -293,6 +318,7 @@ def test_auto_is_a_command_line_value():
 
 def test_learned_threshold_and_rates_reach_prometheus(rank):
     from prometheus_client import REGISTRY
+
     try:
         from sglang.srt.metrics.collector import SchedulerMetricsCollector
     except ImportError:  # moved in v0.5.10
@@ -300,8 +326,7 @@ def test_learned_threshold_and_rates_reach_prometheus(rank):
     from sglang.srt.server_args import get_global_server_args
 
     serve([rank], [(10, 400), (30, 400)], SimulatedGpu())
-    labels = {"model_name": "auto", "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
-              "moe_ep_rank": "0"}
+    labels = {"model_name": "auto", "engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
     before = set(REGISTRY._collector_to_names)
     collector = SchedulerMetricsCollector(labels=labels, server_args=get_global_server_args())
     try:
@@ -310,8 +335,9 @@ def test_learned_threshold_and_rates_reach_prometheus(rank):
         buckets = rank.switch.auto.learner.buckets()
         assert {b.lower for b in buckets} >= {10, 28}
         for b in buckets:
-            spec = REGISTRY.get_sample_value("sglang:spec_switch_tokens_per_second",
-                                             {**labels, "batch_size": str(b.lower), "mode": "spec"})
+            spec = REGISTRY.get_sample_value(
+                "sglang:spec_switch_tokens_per_second", {**labels, "batch_size": str(b.lower), "mode": "spec"}
+            )
             assert spec == pytest.approx(b.spec)
     finally:  # the collector registers SGLang's metrics globally; other tests make their own
         for added in set(REGISTRY._collector_to_names) - before:

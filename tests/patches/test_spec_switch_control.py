@@ -26,9 +26,7 @@ def test_hysteresis_switches_once_per_crossing():
     assert switch.switches == 3
     assert switch.spec_steps == decisions.count(True)
     assert switch.fallback_steps == decisions.count(False)
-    assert switch.status() == (
-        "spec-switch: on=False spec_steps=5 fallback_steps=7 switches=3"
-    )
+    assert switch.status() == ("spec-switch: on=False spec_steps=5 fallback_steps=7 switches=3")
 
 
 def test_equal_thresholds_follow_the_batch_size_exactly():
@@ -100,9 +98,7 @@ def test_switch_lifts_the_speculative_running_request_cap(tmp_path, overrides, e
     """Above the threshold the switch decodes like a plain server; a cap of 48 running
     requests would keep it from ever batching like one."""
     model = write_tiny_llama_config(tmp_path / "m")
-    args = make_server_args(
-        model, speculative_draft_model_path=str(model), **{"cuda_graph_max_bs": 256, **overrides}
-    )
+    args = make_server_args(model, speculative_draft_model_path=str(model), **{"cuda_graph_max_bs": 256, **overrides})
     args._handle_speculative_decoding()
     args._handle_speculative_switch()
     assert args.max_running_requests == expected
@@ -117,9 +113,12 @@ def test_switch_arguments_are_in_help():
     ServerArgs.add_cli_args(parser)
     args = parser.parse_args(
         [
-            "--model-path", "m",
-            "--speculative-disable-batch-size", "16",
-            "--speculative-enable-batch-size", "8",
+            "--model-path",
+            "m",
+            "--speculative-disable-batch-size",
+            "16",
+            "--speculative-enable-batch-size",
+            "8",
         ]
     )
     assert (args.speculative_disable_batch_size, args.speculative_enable_batch_size) == (16, 8)
@@ -204,13 +203,10 @@ def test_prometheus_counters_count_every_decode_step(tmp_path, monkeypatch):
         from sglang.srt.observability.metrics_collector import SchedulerMetricsCollector
 
     batch, _ = v2_decode_batch(v2_env(tmp_path, monkeypatch))
-    labels = {"model_name": "every-step", "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
-              "moe_ep_rank": "0"}
+    labels = {"model_name": "every-step", "engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
     scheduler = object.__new__(Scheduler)
     scheduler.enable_metrics = True
-    scheduler.metrics_collector = SchedulerMetricsCollector(
-        labels=labels, server_args=get_global_server_args()
-    )
+    scheduler.metrics_collector = SchedulerMetricsCollector(labels=labels, server_args=get_global_server_args())
     scheduler.scheduler_status_logger = None
     switch = SpecSwitch(disable_batch_size=4, enable_batch_size=2)
     scheduler.draft_worker = types.SimpleNamespace(spec_switch=switch)
@@ -219,8 +215,12 @@ def test_prometheus_counters_count_every_decode_step(tmp_path, monkeypatch):
     for bs in [1, 6, 6, 6, 1]:
         switch.decide(bs)
         scheduler.log_decode_stats_every_iteration(batch, num_accepted_tokens=0)
-        counted.append(tuple(REGISTRY.get_sample_value(f"sglang:spec_switch_{n}_total", labels)
-                             for n in ("spec_steps", "fallback_steps", "switches")))
+        counted.append(
+            tuple(
+                REGISTRY.get_sample_value(f"sglang:spec_switch_{n}_total", labels)
+                for n in ("spec_steps", "fallback_steps", "switches")
+            )
+        )
     assert counted == [(1, 0, 0), (1, 1, 1), (1, 2, 1), (1, 3, 1), (2, 3, 2)]
 
 
@@ -237,9 +237,7 @@ def _batch_output(**fields):
     "disable_batch_size, expected",
     [(None, 131 / 10), (8, 1 + 20 / 10)],
 )
-def test_per_request_accept_length_leaves_out_fallback_tokens(
-    tmp_path, disable_batch_size, expected
-):
+def test_per_request_accept_length_leaves_out_fallback_tokens(tmp_path, disable_batch_size, expected):
     """10 verify steps accepted 20 draft tokens; 100 more tokens came from fallback steps."""
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 

@@ -81,8 +81,10 @@ def test_ranks_take_the_same_decisions(tmp_path, monkeypatch):
     assert "plain" in kinds and "speculate" in kinds
     assert [bs for _, bs in steps0] == RAMP
     flips = sum(1 for a, b in zip(kinds, kinds[1:], strict=False) if a != b)
-    assert status0 == (f"spec-switch: on={kinds[-1] == 'speculate'} spec_steps={kinds.count('speculate')} "
-                       f"fallback_steps={kinds.count('plain')} switches={flips}")
+    assert status0 == (
+        f"spec-switch: on={kinds[-1] == 'speculate'} spec_steps={kinds.count('speculate')} "
+        f"fallback_steps={kinds.count('plain')} switches={flips}"
+    )
 
 
 def test_rank_decisions_follow_the_batch_not_the_step_count(tmp_path, monkeypatch):
@@ -91,5 +93,3 @@ def test_rank_decisions_follow_the_batch_not_the_step_count(tmp_path, monkeypatc
     for kind, bs in steps:  # hysteresis recomputed from the batch sizes alone
         on = bs <= DISABLE if on else bs <= ENABLE
         assert kind == ("speculate" if on else "plain"), (kind, bs)
-
-

@@ -69,9 +69,7 @@ def assert_plain_decode_step(batch, model_worker_batch, before):
     assert [r.decode_batch_idx for r in batch.reqs] == [k + 1 for k in before["decode_idx"]]
     assert batch.token_to_kv_pool_allocator.available_size() == before["free"] - bs
     # The new slot sits at position s of each request's row: where the pending token goes.
-    rows = batch.req_to_token_pool.req_to_token[
-        batch.req_pool_indices, before["seq_lens"].long()
-    ]
+    rows = batch.req_to_token_pool.req_to_token[batch.req_pool_indices, before["seq_lens"].long()]
     assert torch.equal(rows.long(), model_worker_batch.out_cache_loc.long())
 
 
@@ -89,9 +87,7 @@ def _fallback_step(batch, sampled, *, hidden_width=3 * HIDDEN):
     hidden = torch.randn(len(batch.reqs), hidden_width)
     logits_output = _LogitsOutput(hidden_states=hidden)
     unfinished = commit_plain_decode_v1(batch, next_ids, logits_output)
-    set_draft_input_after_plain_decode_v1(
-        batch, draft_input, next_ids, hidden, unfinished
-    )
+    set_draft_input_after_plain_decode_v1(batch, draft_input, next_ids, hidden, unfinished)
     return before, unfinished, hidden
 
 
@@ -148,7 +144,9 @@ def _assert_prefilled(batch, reqs):
     """Real sequences: lengths of the prompts, each with its own allocated KV slots."""
     lens = [len(r.origin_input_ids) for r in reqs]
     assert batch.seq_lens.tolist() == lens and min(lens) > 0
-    slots = [batch.req_to_token_pool.req_to_token[int(i), :n] for i, n in zip(batch.req_pool_indices, lens, strict=False)]
+    slots = [
+        batch.req_to_token_pool.req_to_token[int(i), :n] for i, n in zip(batch.req_pool_indices, lens, strict=False)
+    ]
     flat = torch.cat(slots)
     assert flat.unique().numel() == sum(lens) and int(flat.min()) > 0  # slot 0 is the padding slot
 
@@ -211,9 +209,7 @@ def test_finished_requests_leave_the_draft_input_in_order(env):
     assert batch.spec_info.verified_id.tolist() == [201, 204]
     assert torch.equal(batch.spec_info.hidden_states, hidden[[0, 3]])
     assert batch.out_cache_loc.shape == (2,)
-    assert batch.spec_info.seq_lens_for_draft_extend.tolist() == (
-        before["seq_lens"][[0, 3]] + 1
-    ).tolist()
+    assert batch.spec_info.seq_lens_for_draft_extend.tolist() == (before["seq_lens"][[0, 3]] + 1).tolist()
 
     # The scheduler's filter keeps the running requests and truncates the draft input to them.
     _draft_extend_inputs(batch)
@@ -223,10 +219,7 @@ def test_finished_requests_leave_the_draft_input_in_order(env):
 
 
 def test_penalties_advance_by_exactly_the_pending_token(env):
-    reqs = [
-        make_req(f"r{i}", 5, sampling={"frequency_penalty": 0.5, "temperature": 0.7})
-        for i in range(3)
-    ]
+    reqs = [make_req(f"r{i}", 5, sampling={"frequency_penalty": 0.5, "temperature": 0.7}) for i in range(3)]
     batch = prefilled_decode_batch(env, reqs, first_tokens=[100, 101, 102])
     orchestrator = batch.sampling_info.penalizer_orchestrator
     assert orchestrator.is_required

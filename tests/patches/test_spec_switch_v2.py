@@ -164,9 +164,7 @@ def test_next_batch_prepared_while_a_fallback_runs_leaves_its_slots_alone(env):
     assert all(r.kv_allocated_len > before for r, before in zip(reqs, allocated_before, strict=False))
     assert torch.equal(req_to_token[rows.unsqueeze(1), window], read_by_step2)
     assert mwb2.out_cache_loc.tolist() == read_by_step2[:, 0].tolist()
-    _assert_new_slots_avoid(
-        req_to_token, reqs, allocated_before, read_by_step2, mwb1.out_cache_loc
-    )
+    _assert_new_slots_avoid(req_to_token, reqs, allocated_before, read_by_step2, mwb1.out_cache_loc)
 
     result2 = finish(entry2, [500, 501, 502])
     assert scheduler._resolve_spec_overlap_token_ids(result2, batch) == [[500], [501], [502]]
@@ -197,9 +195,7 @@ def test_future_map_keeps_shapes_and_dtypes_across_a_switch(env):
     future_map.store_to_map(fallback_indices, result)
 
     def resolved(indices):
-        mwb = types.SimpleNamespace(
-            spec_info=EagleDraftInput(future_indices=indices)
-        )
+        mwb = types.SimpleNamespace(spec_info=EagleDraftInput(future_indices=indices))
         indices.indices.record_stream = lambda stream: None  # CPU tensors have no streams
         future_map.resolve_future(mwb)
         return mwb.spec_info
@@ -221,9 +217,7 @@ def test_one_step_late_processing_across_switches(env):
 
     n = NUM_DRAFT_TOKENS
     spec_tokens = torch.arange(3 * n, dtype=torch.int64) + 300
-    spec = GenerationBatchResult(
-        next_token_ids=spec_tokens, accept_lens=torch.tensor([3, 1, 2], dtype=torch.int32)
-    )
+    spec = GenerationBatchResult(next_token_ids=spec_tokens, accept_lens=torch.tensor([3, 1, 2], dtype=torch.int32))
     got = scheduler._resolve_spec_overlap_token_ids(spec, batch)
     assert got == [[300, 301, 302], [304], [308, 309]]
     assert [r.spec_verify_ct for r in reqs] == [1, 1, 1]
@@ -237,9 +231,7 @@ def test_one_step_late_processing_across_switches(env):
     assert [r.spec_verify_ct for r in reqs] == [1, 1, 1]
     assert [r.spec_accepted_tokens for r in reqs] == [2, 0, 1]
 
-    again = GenerationBatchResult(
-        next_token_ids=spec_tokens, accept_lens=torch.tensor([1, 4, 1], dtype=torch.int32)
-    )
+    again = GenerationBatchResult(next_token_ids=spec_tokens, accept_lens=torch.tensor([1, 4, 1], dtype=torch.int32))
     scheduler._resolve_spec_overlap_token_ids(again, batch)
     assert [r.spec_verify_ct for r in reqs] == [2, 2, 2]
     assert [r.kv_committed_len - c for r, c in zip(reqs, committed, strict=False)] == [

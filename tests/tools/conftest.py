@@ -1,5 +1,6 @@
 """Fixtures: real git repositories in tmp_path, a tiny 'upstream' with the shapes real patches meet
 (CRLF file, file without final newline, files to rename/delete), and a project around it."""
+
 from __future__ import annotations
 
 import shutil
@@ -21,8 +22,8 @@ UNREACHABLE_INDEX = "http://127.0.0.1:9/simple"  # port 9 (discard): connection 
 UNREACHABLE_REMOTE = "/nonexistent/sglang.git"
 
 UPSTREAM_FILES = {
-    "python/pyproject.toml": "[project]\nname = \"sglang\"\nversion = \"1.0.0\"\n",
-    "python/sglang/__init__.py": "__version__ = \"1.0.0\"\n",
+    "python/pyproject.toml": '[project]\nname = "sglang"\nversion = "1.0.0"\n',
+    "python/sglang/__init__.py": '__version__ = "1.0.0"\n',
     "python/sglang/srt/server_args.py": "".join(f"x{i} = {i}\n" for i in range(1, 41)),
     "python/sglang/srt/crlf.txt": "alpha\r\nbeta\r\ngamma\r\n",
     "python/sglang/srt/nonl.txt": "first\nlast",
@@ -118,8 +119,10 @@ def real_sdist() -> Path:
     from tools.upstream import download
 
     dest = REAL_ROOT / ".cache" / "sglang" / "archives" / "sglang-0.5.9.tar.gz"
-    url = ("https://files.pythonhosted.org/packages/3b/a8/2e75eae9f5817510175c299016b9c2fc324d06a9fa56944322a2e731ef59/"
-           "sglang-0.5.9.tar.gz")
+    url = (
+        "https://files.pythonhosted.org/packages/3b/a8/2e75eae9f5817510175c299016b9c2fc324d06a9fa56944322a2e731ef59/"
+        "sglang-0.5.9.tar.gz"
+    )
     try:
         return download(url, dest, "11b1445bfb039c20217783850fda66a71b814391b2cf313f4e6cadc3b9fea41b")
     except Exception as e:  # offline developer machine: the marker lets them deselect these
@@ -127,4 +130,6 @@ def real_sdist() -> Path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "network: needs PyPI (real SGLang sdist); deselect offline with -m 'not network'")
+    config.addinivalue_line(
+        "markers", "network: needs PyPI (real SGLang sdist); deselect offline with -m 'not network'"
+    )

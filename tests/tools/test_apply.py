@@ -14,8 +14,10 @@ def test_apply_builds_base_ref_and_one_commit_per_patch(env: Env, capsys: pytest
     t = env.tree
     subjects = git(t, "log", "--reverse", "--format=%s", "refs/patches/base..HEAD").splitlines()
     assert subjects == [
-        "Change x20 in server args", "Edit a CRLF file",
-        "Change the last line of a file without final newline", "Rename old_name to new_name",
+        "Change x20 in server args",
+        "Edit a CRLF file",
+        "Change the last line of a file without final newline",
+        "Rename old_name to new_name",
         "Create one file and delete another",
     ]
     assert git(t, "rev-parse", "refs/patches/base") == git(t, "rev-parse", "upstream/v1.0.0")
@@ -49,8 +51,14 @@ def test_all_failures_reported_and_tree_untouched(env: Env, capsys: pytest.Captu
     )
     assert env.tool("apply") == 1
     err = capsys.readouterr().err
-    assert "fuzz.patch: python/sglang/srt/server_args.py: hunk @@ -17,7 +17,7 @@ x16 = 16: would only apply with fuzz 1" in err
-    assert "crlf-file.patch: python/sglang/srt/crlf.txt: hunk @@ -1,3 +1,3 @@: does not apply at line 2: context differs" in err
+    assert (
+        "fuzz.patch: python/sglang/srt/server_args.py: hunk @@ -17,7 +17,7 @@ x16 = 16: would only apply with fuzz 1"
+        in err
+    )
+    assert (
+        "crlf-file.patch: python/sglang/srt/crlf.txt: hunk @@ -1,3 +1,3 @@: does not apply at line 2: context differs"
+        in err
+    )
     assert "expected: 'bet\\r\\n'\n    actual:   'beta\\r\\n'" in err
     assert "2 of 3 patch(es) do not apply exactly at v1.0.0: fuzz.patch, crlf-file.patch" in err
     assert "was not changed" in err
@@ -70,7 +78,10 @@ def test_offset_refused_by_default_and_allowed_on_request(env: Env, capsys: pyte
     env.use("offset.patch")
     assert env.tool("apply") == 1
     err = capsys.readouterr().err
-    assert "offset.patch: python/sglang/srt/server_args.py: hunk @@ -12,7 +12,7 @@ x16 = 16: applies 5 line(s) below" in err
+    assert (
+        "offset.patch: python/sglang/srt/server_args.py: hunk @@ -12,7 +12,7 @@ x16 = 16: applies 5 line(s) below"
+        in err
+    )
     assert "--allow-offset accepts them" in err
     assert env.tool("apply", "--allow-offset") == 0
     assert "x20 = 2000\n" in (env.tree / "python/sglang/srt/server_args.py").read_text()
@@ -124,8 +135,10 @@ def test_a_patch_without_index_lines_is_refused(env: Env, capsys: pytest.Capture
     head = git(env.tree, "rev-parse", "HEAD")
     assert env.tool("apply") == 1
     err = capsys.readouterr().err
-    assert ("no-index-edited.patch: python/sglang/srt/server_args.py: no full `index <old>..<new>` line" in err
-            and "make refresh" in err)
+    assert (
+        "no-index-edited.patch: python/sglang/srt/server_args.py: no full `index <old>..<new>` line" in err
+        and "make refresh" in err
+    )
     assert git(env.tree, "rev-parse", "HEAD") == head
 
 
@@ -147,6 +160,9 @@ def test_a_hunk_in_the_way_of_an_earlier_patch_names_it(env: Env, capsys: pytest
     (env.root / "series").write_text("exact.patch\nrival.patch\n")
     assert env.tool("apply") == 1
     err = capsys.readouterr().err
-    assert ("rival.patch: python/sglang/srt/server_args.py: hunk @@ -17,7 +17,7 @@ x16 = 16" in err
-            and "exact.patch changes python/sglang/srt/server_args.py earlier in the series; the hunk applies "
-                "exactly to the base's file, so it conflicts with that change" in err), err
+    assert (
+        "rival.patch: python/sglang/srt/server_args.py: hunk @@ -17,7 +17,7 @@ x16 = 16" in err
+        and "exact.patch changes python/sglang/srt/server_args.py earlier in the series; the hunk applies "
+        "exactly to the base's file, so it conflicts with that change"
+        in err
+    ), err

@@ -1,6 +1,7 @@
 """One toolkit run at a time per checkout: a second is refused with the holder named, concurrent
 first applies leave one clean tree, downloads never share a file, and a killed run's scratch is
 swept by the next run."""
+
 from __future__ import annotations
 
 import hashlib
@@ -37,8 +38,17 @@ def test_concurrent_first_applies_leave_one_clean_tree(tmp_path: Path, env: Env)
     (root / "series").write_text("")
     (root / "sglang.lock").write_text((env.root / "sglang.lock").read_text())
     cmd = [sys.executable, "-m", "tools", "--root", str(root), "apply"]
-    procs = [subprocess.Popen(cmd, cwd=REAL_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(REAL_ROOT)}) for _ in range(3)]
+    procs = [
+        subprocess.Popen(
+            cmd,
+            cwd=REAL_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REAL_ROOT)},
+        )
+        for _ in range(3)
+    ]
     results = [(p.wait(timeout=120), p.stderr.read() if p.stderr else "") for p in procs]
     assert any(rc == 0 for rc, _ in results), results
     for rc, err in results:
@@ -50,8 +60,11 @@ def test_concurrent_first_applies_leave_one_clean_tree(tmp_path: Path, env: Env)
 
 
 def test_a_killed_runs_scratch_is_swept(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
-    left = [env.root / "build" / ".apply-x1y2", env.root / ".cache" / "sglang" / "sglang-src-abc",
-            env.root / ".cache" / "sglang" / "archives" / "sglang-1.0.0.tar.gz.k3j.part"]
+    left = [
+        env.root / "build" / ".apply-x1y2",
+        env.root / ".cache" / "sglang" / "sglang-src-abc",
+        env.root / ".cache" / "sglang" / "archives" / "sglang-1.0.0.tar.gz.k3j.part",
+    ]
     for p in left[:2]:
         (p / "tree").mkdir(parents=True)
     left[2].parent.mkdir(parents=True, exist_ok=True)
@@ -84,8 +97,9 @@ def test_downloads_of_one_archive_at_once_share_no_file(tmp_path: Path) -> None:
     assert not list(dest.parent.glob("*.part"))
 
 
-def test_unwritable_checkout_is_a_message_not_a_traceback(env: Env, capsys: pytest.CaptureFixture[str],
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unwritable_checkout_is_a_message_not_a_traceback(
+    env: Env, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     build = env.root / "build"
     if os.geteuid() == 0:
         # root writes anywhere: have the first write into build/ fail as it does for a user without rights.

@@ -1,4 +1,5 @@
 """check, status, test, new: end to end through ``main(argv)`` on real repos."""
+
 import os
 import shutil
 import subprocess
@@ -9,7 +10,7 @@ import pytest
 
 from conftest import DATA, Env
 
-DEMO_TESTS = '''
+DEMO_TESTS = """
 import os
 from pathlib import Path
 
@@ -27,7 +28,7 @@ def test_nonl_untouched():
 
 def test_fails():
     assert False, "this patch broke it"
-'''
+"""
 
 
 def write_patch(env: Env, src: str, name: str, tests: str) -> None:
@@ -40,8 +41,12 @@ def write_patch(env: Env, src: str, name: str, tests: str) -> None:
 def setup_demo(env: Env, second_tests: str) -> None:
     (env.root / "tests/patches").mkdir(parents=True)
     (env.root / "tests/patches/test_demo.py").write_text(DEMO_TESTS)
-    write_patch(env, "exact.patch", "exact.patch",
-                " tests/patches/test_demo.py::test_x20\n tests/patches/test_demo.py::test_nonl_untouched\n")
+    write_patch(
+        env,
+        "exact.patch",
+        "exact.patch",
+        " tests/patches/test_demo.py::test_x20\n tests/patches/test_demo.py::test_nonl_untouched\n",
+    )
     write_patch(env, "no-newline.patch", "no-newline.patch", second_tests)
     (env.root / "series").write_text("exact.patch\nno-newline.patch\n")
     assert env.tool("apply") == 0
@@ -97,8 +102,9 @@ def test_own_tests_and_gpu_stage(env: Env, capsys: pytest.CaptureFixture[str]) -
 
 
 @pytest.mark.parametrize("per_patch", [False, True])
-def test_declared_gpu_tests_run_once_unless_asked_per_patch(env: Env, capsys: pytest.CaptureFixture[str],
-                                                             per_patch: bool) -> None:
+def test_declared_gpu_tests_run_once_unless_asked_per_patch(
+    env: Env, capsys: pytest.CaptureFixture[str], per_patch: bool
+) -> None:
     setup_demo(env, " tests/patches/test_demo.py::test_x20\n tests/gpu/test_gpu.py::test_records_tree\n")
     (env.root / "tests/gpu").mkdir()
     (env.root / "tests/gpu/test_gpu.py").write_text(
@@ -112,7 +118,9 @@ def test_declared_gpu_tests_run_once_unless_asked_per_patch(env: Env, capsys: py
     assert trees == (["02-no-newline", "sglang-v1.0.0"] if per_patch else ["sglang-v1.0.0"])
 
 
-def test_a_deferred_gpu_test_that_does_not_exist_is_still_an_error(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_deferred_gpu_test_that_does_not_exist_is_still_an_error(
+    env: Env, capsys: pytest.CaptureFixture[str]
+) -> None:
     setup_demo(env, " tests/patches/test_demo.py::test_x20\n tests/gpu/test_gpu.py::test_gone\n")
     (env.root / "tests/gpu").mkdir()
     (env.root / "tests/gpu/test_gpu.py").write_text("def test_other():\n    pass\n")
@@ -132,7 +140,10 @@ def test_check_reports_every_problem(env: Env, capsys: pytest.CaptureFixture[str
     assert "patches/unused.patch is not listed in series" in out
     assert "broken.patch: " in out
     assert "missing-field.patch: header lacks required field Drop-When:" in out
-    assert "fuzz.patch: python/sglang/srt/server_args.py: hunk @@ -17,7 +17,7 @@ x16 = 16: would only apply with fuzz" in out
+    assert (
+        "fuzz.patch: python/sglang/srt/server_args.py: hunk @@ -17,7 +17,7 @@ x16 = 16: would only apply with fuzz"
+        in out
+    )
 
 
 def test_check_detects_patch_that_would_change_on_export(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
@@ -176,18 +187,28 @@ def test_make_exits_2_but_its_output_names_the_tools_code(env: Env) -> None:
     (env.tree / "python/sglang/__init__.py").write_text("work in progress\n")
     # Under `make test SGLANG_REF=...` the outer make's variables reach this one through MAKEFLAGS.
     clean = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "SGLANG_REF")}
-    res = subprocess.run(["make", "apply", f"PYTHON={sys.executable}"], cwd=env.root, capture_output=True, text=True,
-                         env=clean)
+    res = subprocess.run(
+        ["make", "apply", f"PYTHON={sys.executable}"], cwd=env.root, capture_output=True, text=True, env=clean
+    )
     assert res.returncode == 2
     assert "error (exit 3: work would be lost): " in res.stderr
     assert (env.tree / "python/sglang/__init__.py").read_text() == "work in progress\n"
 
 
-@pytest.mark.parametrize("argv", [["--ref", "v1.0.0;touch {x}", "apply"], ["--ref", "$(touch {x})", "check"],
-                                  ["status", "--refs", "v1.0.0,../{x}"], ["rebase", "--to", "v2 {x}"],
-                                  ["--ref", "v1.lock", "apply"], ["--ref", "v1..v2", "apply"]])
-def test_a_ref_that_is_not_a_ref_is_refused_first(env: Env, capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                                  argv: list[str]) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--ref", "v1.0.0;touch {x}", "apply"],
+        ["--ref", "$(touch {x})", "check"],
+        ["status", "--refs", "v1.0.0,../{x}"],
+        ["rebase", "--to", "v2 {x}"],
+        ["--ref", "v1.lock", "apply"],
+        ["--ref", "v1..v2", "apply"],
+    ],
+)
+def test_a_ref_that_is_not_a_ref_is_refused_first(
+    env: Env, capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str]
+) -> None:
     marker = tmp_path / "x"
     before = sorted(p.name for p in (env.root / "build").iterdir())
     assert env.tool(*(a.format(x=marker) for a in argv)) == 2

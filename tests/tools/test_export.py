@@ -1,4 +1,3 @@
-
 import pytest
 
 from tools.export import canonical, slug

@@ -1,4 +1,5 @@
 """`make check` runs SGLang's formatters on what the series changes (black 24.10.0, isort 5.13.2)."""
+
 import pytest
 
 from tools.formatcheck import BLACK_VERSION, ISORT_VERSION, missing_formatters

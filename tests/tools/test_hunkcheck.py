@@ -44,7 +44,9 @@ def test_fuzz_is_named_with_expected_and_actual() -> None:
 
 def test_failed_names_line_expected_actual() -> None:
     files = dict(UPSTREAM_FILES)
-    files["python/sglang/srt/server_args.py"] = files["python/sglang/srt/server_args.py"].replace("x20 = 20\n", "x20 = 21\n")
+    files["python/sglang/srt/server_args.py"] = files["python/sglang/srt/server_args.py"].replace(
+        "x20 = 20\n", "x20 = 21\n"
+    )
     (h,) = one("exact.patch", state(files)).hunks
     assert h.status is HunkStatus.FAILED and h.line == 20
     assert h.expected == "x20 = 20\n" and h.actual == "x20 = 21\n"

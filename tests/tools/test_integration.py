@@ -1,4 +1,5 @@
 """Against the real SGLang 0.5.9 sdist from PyPI (cached in the project's .cache/ after the first run)."""
+
 import json
 import os
 import shutil

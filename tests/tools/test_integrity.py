@@ -1,5 +1,6 @@
 """A patch that lost hunks never applies; apply reports every problem in one run; a diff cut
 mid-hunk is located; requirements between patches are checked (issue: toolkit integrity)."""
+
 from pathlib import Path
 
 import pytest
@@ -58,10 +59,12 @@ def test_refresh_says_how_many_hunks_the_file_would_lose(env: Env, capsys: pytes
     assert env.tool("apply") == 0  # the tree holds all three hunks
     # The file on disk loses two of them (cut by hand): refreshing restores them.
     (env.root / "patches" / "truncated-between-hunks.patch").write_bytes(
-        (DATA / "truncated-between-hunks.patch").read_bytes())
+        (DATA / "truncated-between-hunks.patch").read_bytes()
+    )
     assert env.tool("refresh") == 1
-    assert ("truncated-between-hunks.patch: the file has 1 hunk(s), the tree's commit 3 "
-            "(FORCE=1 writes the tree's 3)") in capsys.readouterr().err
+    assert (
+        "truncated-between-hunks.patch: the file has 1 hunk(s), the tree's commit 3 (FORCE=1 writes the tree's 3)"
+    ) in capsys.readouterr().err
 
 
 def test_apply_reports_every_problem_in_one_run(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
@@ -76,9 +79,14 @@ def test_apply_reports_every_problem_in_one_run(env: Env, capsys: pytest.Capture
     # exact.patch comes after patches that could not be read: the tree it meets is unknown, so it
     # is named once instead of reading as an offset or a conflict.
     assert "exact.patch: " not in err
-    assert err.strip().splitlines()[-2].endswith(
-        "1 later patch(es) not checked against the tree (exact.patch): they build on a patch that could not be "
-        "read; fix that one first")
+    assert (
+        err.strip()
+        .splitlines()[-2]
+        .endswith(
+            "1 later patch(es) not checked against the tree (exact.patch): they build on a patch that could not be "
+            "read; fix that one first"
+        )
+    )
 
 
 def test_a_diff_cut_mid_hunk_names_the_file_the_hunk_and_the_line() -> None:

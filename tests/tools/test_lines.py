@@ -1,5 +1,6 @@
 """Release lines: lines/<ref>/ beside the default line, made by `rebase --new-line`, applied,
 checked and listed by ref, the default line untouched throughout."""
+
 import json
 from pathlib import Path
 
@@ -21,8 +22,12 @@ def tool(root: Path, *a: str) -> int:
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
-    files = [root / "series", root / "sglang.lock", *sorted((root / "patches").iterdir()),
-             *sorted((root / "tests/patches").iterdir())]
+    files = [
+        root / "series",
+        root / "sglang.lock",
+        *sorted((root / "patches").iterdir()),
+        *sorted((root / "tests/patches").iterdir()),
+    ]
     return {str(p): p.read_bytes() for p in files}
 
 
@@ -37,8 +42,11 @@ def proj(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (root / "tests/patches/test_x.py").write_text("def test_x():\n    pass\n")
     monkeypatch.setenv("SGLANG_REPO", str(up))
     assert tool(root, "--ref", "v1.0.0", "apply") == 0
-    commit_in_tree(root / "build/sglang-v1.0.0", header("knob"),
-                   {"python/sglang/srt/server_args.py": SA.replace("x10 = 10\n", "x10 = 100\n")})
+    commit_in_tree(
+        root / "build/sglang-v1.0.0",
+        header("knob"),
+        {"python/sglang/srt/server_args.py": SA.replace("x10 = 10\n", "x10 = 100\n")},
+    )
     assert tool(root, "refresh") == 0
     make_upstream(up, V2, "v2.0.0")
     make_upstream(up, V3, "v3.0.0")
@@ -91,11 +99,15 @@ def test_an_existing_line_is_not_overwritten(proj: Path, capsys: pytest.CaptureF
     assert not (proj / "lines/v1.0.0").exists()
 
 
-def test_a_conflicted_new_line_continues_or_is_discarded_on_abort(proj: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_conflicted_new_line_continues_or_is_discarded_on_abort(
+    proj: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     before = snapshot(proj)
-    commit_in_tree(proj / "build/sglang-v1.0.0", header("clash"),
-                   {"python/sglang/srt/server_args.py": SA.replace("x10 = 10\n", "x10 = 100\n").replace(
-                       "x3 = 3\n", "x3 = 300\n")})
+    commit_in_tree(
+        proj / "build/sglang-v1.0.0",
+        header("clash"),
+        {"python/sglang/srt/server_args.py": SA.replace("x10 = 10\n", "x10 = 100\n").replace("x3 = 3\n", "x3 = 300\n")},
+    )
     assert tool(proj, "refresh") == 0
     before = snapshot(proj)
     assert tool(proj, "rebase", "--to", "v3.0.0", "--new-line") == 1
@@ -121,7 +133,9 @@ def test_a_line_is_not_moved_to_another_release(proj: Path, capsys: pytest.Captu
     assert json.loads((proj / "lines/v2.0.0/sglang.lock").read_text())["ref"] == "v2.0.0"
 
 
-def test_a_line_with_its_own_requirements_tests_in_its_own_python(proj: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_line_with_its_own_requirements_tests_in_its_own_python(
+    proj: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import os
     import sys
 

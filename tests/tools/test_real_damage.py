@@ -1,5 +1,6 @@
 """The real series, with 0007 cut between two of its hunks (what `head -n` of the file gives), against
 the real 0.5.9 sdist: apply and check call it damaged and leave nothing built."""
+
 import os
 import shutil
 from pathlib import Path
@@ -20,8 +21,9 @@ def _cut_after_hunks(text: str, keep: int) -> str:
     return "\n".join(lines[: hunks[keep]]) + "\n"
 
 
-def test_real_patch_cut_between_hunks_is_refused(tmp_path: Path, real_sdist: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_real_patch_cut_between_hunks_is_refused(
+    tmp_path: Path, real_sdist: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = tmp_path / "proj"
     (root / ".cache/sglang").mkdir(parents=True)
     os.symlink(real_sdist.parent, root / ".cache/sglang/archives")  # the shared download cache

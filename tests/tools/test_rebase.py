@@ -1,4 +1,5 @@
 """Rebase: one small real upstream with a v2.0.0 that makes each status happen."""
+
 import json
 from pathlib import Path
 
@@ -29,8 +30,13 @@ EXPECTED = {
 }
 
 
-def _project_with_patches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, upstream: dict[str, str],
-                           series: str, edits: list[tuple[str, dict[str, str]]]) -> Path:
+def _project_with_patches(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    upstream: dict[str, str],
+    series: str,
+    edits: list[tuple[str, dict[str, str]]],
+) -> Path:
     """A project pinned to v1.0.0 of `upstream` whose series holds one patch per (message, files)."""
     up = make_upstream(tmp_path / "up", upstream, "v1.0.0")
     root = tmp_path / "proj"
@@ -55,8 +61,9 @@ def proj(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         ("E obsolete", {"python/sglang/srt/old_name.py": V1["python/sglang/srt/old_name.py"].replace("1", "5")}),
         ("F conflict", {"python/sglang/srt/delete_me.py": "gone = False\n"}),
     ]
-    root = _project_with_patches(tmp_path, monkeypatch, V1, "# the series\n",
-                                 [(header(subject), e) for subject, e in edits])
+    root = _project_with_patches(
+        tmp_path, monkeypatch, V1, "# the series\n", [(header(subject), e) for subject, e in edits]
+    )
     (tmp_path / "up/python/sglang/srt/old_name.py").unlink()
     make_upstream(tmp_path / "up", V2, "v2.0.0")
     return root
@@ -138,10 +145,18 @@ def test_abort(proj: Path, capsys: pytest.CaptureFixture[str]) -> None:
 # -- the classifications a reviewer needs beyond the six statuses --------------------------------
 MODEL_V1 = "class M:\n    def forward(self):\n        return 1\n"
 MODEL_V2 = MODEL_V1 + "\n    def hook(self):\n        return 'upstream'\n"
-W1 = {**UPSTREAM_FILES, "python/sglang/srt/model.py": MODEL_V1, "python/sglang/srt/v1_worker.py": "w = 1\n",
-      "python/sglang/srt/kept.py": "k = 1\n"}
-W2 = {**W1, "python/sglang/srt/model.py": MODEL_V2, "python/sglang/srt/kept.py": "k = 3\n",
-      "python/sglang/srt/server_args.py": SA.replace("x5 = 5\n", "x5 = 50\n").replace("x30 = 30\n", "x30 = 300\n")}
+W1 = {
+    **UPSTREAM_FILES,
+    "python/sglang/srt/model.py": MODEL_V1,
+    "python/sglang/srt/v1_worker.py": "w = 1\n",
+    "python/sglang/srt/kept.py": "k = 1\n",
+}
+W2 = {
+    **W1,
+    "python/sglang/srt/model.py": MODEL_V2,
+    "python/sglang/srt/kept.py": "k = 3\n",
+    "python/sglang/srt/server_args.py": SA.replace("x5 = 5\n", "x5 = 50\n").replace("x30 = 30\n", "x30 = 300\n"),
+}
 del W2["python/sglang/srt/v1_worker.py"]
 
 
@@ -149,14 +164,30 @@ del W2["python/sglang/srt/v1_worker.py"]
 def proj2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     declared = header("H declared").replace("Upstream-Status: not upstream", "Upstream-Status: upstream since v2.0.0")
     edits = [
-        (header("G own"), {"python/sglang/srt/model.py": MODEL_V1 + "\n    def _lm(self):\n        return self\n"
-                           "\n    def hook(self):\n        return self._lm().forward()\n"}),
+        (
+            header("G own"),
+            {
+                "python/sglang/srt/model.py": MODEL_V1 + "\n    def _lm(self):\n        return self\n"
+                "\n    def hook(self):\n        return self._lm().forward()\n"
+            },
+        ),
         (declared, {"python/sglang/srt/kept.py": "k = 2\n"}),
-        (header("I partly"), {"python/sglang/srt/v1_worker.py": "w = 2\n",
-                              "python/sglang/srt/server_args.py": SA.replace("x5 = 5\n", "x5 = 5000\n")}),
-        (header("J creates"), {"python/sglang/srt/new_mod.py": "n = 1\n",
-                               "python/sglang/srt/server_args.py": SA.replace("x5 = 5\n", "x5 = 5000\n")
-                               .replace("x30 = 30\n", "x30 = 3000\n")}),
+        (
+            header("I partly"),
+            {
+                "python/sglang/srt/v1_worker.py": "w = 2\n",
+                "python/sglang/srt/server_args.py": SA.replace("x5 = 5\n", "x5 = 5000\n"),
+            },
+        ),
+        (
+            header("J creates"),
+            {
+                "python/sglang/srt/new_mod.py": "n = 1\n",
+                "python/sglang/srt/server_args.py": SA.replace("x5 = 5\n", "x5 = 5000\n").replace(
+                    "x30 = 30\n", "x30 = 3000\n"
+                ),
+            },
+        ),
         (header("K needs"), {"python/sglang/srt/new_mod.py": "n = 2\n"}),
     ]
     root = _project_with_patches(tmp_path, monkeypatch, W1, "", edits)
@@ -166,9 +197,12 @@ def proj2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_report_explains_upstream_versions_partial_obsolescence_and_dependencies(
-        proj2: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    proj2: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert tool(proj2, "rebase", "--to", "v2.0.0", "--check") == 1
-    rows = {ln.split(" | ")[1]: ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ") and " | " in ln}
+    rows = {
+        ln.split(" | ")[1]: ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ") and " | " in ln
+    }
     # upstream wrote its own hook(): the patch's hunk still applies exactly, but would duplicate it
     assert "| already upstream | upstream defines what the patch adds" in rows["g-own.patch"]
     assert "python/sglang/srt/model.py: hook" in rows["g-own.patch"] and "_lm" not in rows["g-own.patch"]
@@ -185,15 +219,17 @@ def test_report_explains_upstream_versions_partial_obsolescence_and_dependencies
 
 
 def test_upstream_version_is_kept_until_drop_and_continue_keeps_resolutions(
-        proj2: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    proj2: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     for n in ("j-creates.patch", "k-needs.patch"):
         (proj2 / "patches" / n).unlink()
     (proj2 / "series").write_text("".join(f"{n}\n" for n in ("g-own.patch", "h-declared.patch", "i-partly.patch")))
     assert tool(proj2, "rebase", "--to", "v2.0.0") == 1  # stops at i-partly
     rt = proj2 / "build/rebase-v2.0.0"
     git(rt, "rm", "-q", "python/sglang/srt/v1_worker.py")
-    (rt / "python/sglang/srt/server_args.py").write_text(SA.replace("x5 = 5\n", "x5 = 5000\n").replace(
-        "x30 = 30\n", "x30 = 300\n"))
+    (rt / "python/sglang/srt/server_args.py").write_text(
+        SA.replace("x5 = 5\n", "x5 = 5000\n").replace("x30 = 30\n", "x30 = 300\n")
+    )
     git(rt, "add", "-A")
     capsys.readouterr()
     assert tool(proj2, "rebase", "--to", "v2.0.0", "--continue") == 1  # resolved, but two upstream patches
@@ -212,8 +248,11 @@ def test_upstream_version_is_kept_until_drop_and_continue_keeps_resolutions(
 def test_similar_name_hint() -> None:
     from tools.rebase_port import _similar
 
-    added = ("python/sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", "python/sglang/test/x_cuda_graph_runner.py",
-             "python/sglang/srt/speculative/eagle_worker_v2.py")
+    added = (
+        "python/sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",
+        "python/sglang/test/x_cuda_graph_runner.py",
+        "python/sglang/srt/speculative/eagle_worker_v2.py",
+    )
     assert _similar("python/sglang/srt/model_executor/cuda_graph_runner.py", added) == [added[0]]
     assert _similar("python/sglang/srt/speculative/eagle_worker.py", added) == []
 
@@ -237,7 +276,9 @@ def test_a_patch_whose_requirement_did_not_port_is_blocked(proj3: Path, capsys: 
     assert "Requires: p-conflict.patch" in (proj3 / "patches/q-needs-p.patch").read_text()  # refresh keeps it
     assert tool(proj3, "check") == 0
     assert tool(proj3, "rebase", "--to", "v2.0.0", "--check") == 1
-    rows = {ln.split(" | ")[1]: ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ") and " | " in ln}
+    rows = {
+        ln.split(" | ")[1]: ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ") and " | " in ln
+    }
     assert "| conflict |" in rows["p-conflict.patch"]
     assert "| blocked | requires p-conflict.patch (conflict), which did not port |" in rows["q-needs-p.patch"]
     r = rows["r-superseded.patch"]

@@ -17,6 +17,7 @@ rolled tree.
 
 A new conflicting patch without a recorded resolution fails the test with the report.
 """
+
 import json
 import os
 import re
@@ -36,7 +37,7 @@ from conftest import DATA, REAL_ROOT
 
 pytestmark = pytest.mark.network
 
-DEMO_TEST = '''
+DEMO_TEST = """
 import os
 from pathlib import Path
 
@@ -44,8 +45,7 @@ from pathlib import Path
 def test_marker():
     src = Path(os.environ["SGLANG_TREE"], "python/sglang/srt/server_args.py").read_text()
     assert "import logging  # patched" in src
-'''
-
+"""
 
 
 # tests/patches node ids that fail on 0.5.10 because of upstream changes the tests' fakes predate;
@@ -72,14 +72,16 @@ KNOWN_UPSTREAM_FAILURES = {
 
 def _resolve(rebase_tree: Path, patch: str) -> None:
     fix = DATA / f"sglang-0.5.10-resolve-{Path(patch).stem}.diff"
-    conflicted = subprocess.run(["git", "diff", "--name-only", "--diff-filter=U"], cwd=rebase_tree,
-                                capture_output=True, text=True, check=True).stdout.split()
+    conflicted = subprocess.run(
+        ["git", "diff", "--name-only", "--diff-filter=U"], cwd=rebase_tree, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert fix.exists(), f"{patch} conflicts on v0.5.10 in {conflicted} and has no recorded resolution {fix.name}"
     # the resolution is the conflicted files' content relative to HEAD (upstream plus the patches
     # before); a conflicted file it does not mention is resolved to upstream's version
     touched = re.findall(r"^diff --git a/(\S+) ", fix.read_text(), flags=re.M)
-    subprocess.run(["git", "checkout", "HEAD", "--", *sorted(set(conflicted) | set(touched))], cwd=rebase_tree,
-                   check=True)
+    subprocess.run(
+        ["git", "checkout", "HEAD", "--", *sorted(set(conflicted) | set(touched))], cwd=rebase_tree, check=True
+    )
     subprocess.run(["git", "apply", "--index", str(fix)], cwd=rebase_tree, check=True)
 
 
@@ -108,9 +110,11 @@ def _project_copy(root: Path) -> list[str]:
     return names
 
 
-def _rebase_resolving(root: Path, names: list[str], upstreamed: set[str],
-                      capsys: pytest.CaptureFixture[str]) -> list[str]:
+def _rebase_resolving(
+    root: Path, names: list[str], upstreamed: set[str], capsys: pytest.CaptureFixture[str]
+) -> list[str]:
     """Rebase onto v0.5.10 with the recorded resolutions, dropping what is upstream; returns the resolved."""
+
     def tool(*a: str) -> int:
         return main(["--root", str(root), *a])
 
@@ -151,20 +155,29 @@ def _failed_patch_tests(root: Path, junit: Path) -> tuple[dict[str, int], str]:
     """Every CPU test of tests/patches (the upstreamed patches' included) on the rolled tree: the
     failures, and the end of pytest's output."""
     env = {**os.environ, "SGLANG_TREE": str(root / "build/sglang-v0.5.10")}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/patches", "-q", "-p", "no:cacheprovider",
-                           f"--junitxml={junit}"], cwd=root, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/patches", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode in (0, 1), proc.stdout[-4000:] + proc.stderr[-2000:]
     failed: dict[str, int] = {}
-    for case in re.finditer(r'<testcase classname="([^"]+)" name="([^"\[]+)[^"]*"[^>]*?(/>|>(.*?)</testcase>)',
-                            junit.read_text(), flags=re.S):
+    for case in re.finditer(
+        r'<testcase classname="([^"]+)" name="([^"\[]+)[^"]*"[^>]*?(/>|>(.*?)</testcase>)',
+        junit.read_text(),
+        flags=re.S,
+    ):
         if case.group(4) and re.search(r"<(failure|error)\b", case.group(4)):
             node = case.group(1).replace(".", "/") + ".py::" + case.group(2)
             failed[node] = failed.get(node, 0) + 1
     return failed, proc.stdout[-6000:]
 
 
-def test_roll_series_to_v0_5_10(tmp_path: Path, real_sdist: Path, monkeypatch: pytest.MonkeyPatch,
-                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_roll_series_to_v0_5_10(
+    tmp_path: Path, real_sdist: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("SGLANG_INDEX_URL", DEFAULT_INDEX_URL)
     root = tmp_path / "proj"
     names = _project_copy(root)

@@ -1,4 +1,5 @@
 """Upstream sources: a local fake PyPI (real HTTP, real tar/zip archives) and real git repos."""
+
 import hashlib
 import http.server
 import io
@@ -48,11 +49,18 @@ class FakeIndex:
             def do_GET(self) -> None:  # noqa: N802
                 idx.hits.append(self.path)
                 if self.path == "/simple/sglang/":
-                    body = json.dumps({"files": [
-                        {"filename": n, "url": f"{idx.url}/files/{n}",
-                         "hashes": {"sha256": idx.claimed_sha.get(n) or hashlib.sha256(d).hexdigest()}}
-                        for n, d in idx.files.items()
-                    ]}).encode()
+                    body = json.dumps(
+                        {
+                            "files": [
+                                {
+                                    "filename": n,
+                                    "url": f"{idx.url}/files/{n}",
+                                    "hashes": {"sha256": idx.claimed_sha.get(n) or hashlib.sha256(d).hexdigest()},
+                                }
+                                for n, d in idx.files.items()
+                            ]
+                        }
+                    ).encode()
                 elif self.path.startswith("/files/") and self.path[7:] in idx.files:
                     body = idx.files[self.path[7:]]
                 else:
@@ -94,7 +102,9 @@ def tool(root: Path, *args: str) -> int:
     return main(["--root", str(root), *args])
 
 
-def test_pypi_sdist_laid_out_like_upstream_and_locked(proj: Path, index: FakeIndex, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pypi_sdist_laid_out_like_upstream_and_locked(
+    proj: Path, index: FakeIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert tool(proj, "--ref", "v1.0.0", "apply") == 0
     tree = proj / "build" / "sglang-v1.0.0"
     assert (tree / "python/sglang/srt/server_args.py").read_text() == UPSTREAM_FILES["python/sglang/srt/server_args.py"]
@@ -151,7 +161,9 @@ def test_checksum_mismatch_from_index(proj: Path, index: FakeIndex, capsys: pyte
     assert not (proj / "sglang.lock").exists()
 
 
-def test_cached_archive_replaced_disagrees_with_lock(proj: Path, index: FakeIndex, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cached_archive_replaced_disagrees_with_lock(
+    proj: Path, index: FakeIndex, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert tool(proj, "--ref", "v1.0.0", "apply") == 0
     import shutil
 
@@ -172,8 +184,9 @@ def _edit_lock(proj: Path, **fields: str) -> None:
 WRONG_SHA = "0" * 63 + "1"
 
 
-def test_a_wrong_sha256_in_the_lock_is_named_as_such(proj: Path, index: FakeIndex,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_wrong_sha256_in_the_lock_is_named_as_such(
+    proj: Path, index: FakeIndex, capsys: pytest.CaptureFixture[str]
+) -> None:
     import shutil
 
     assert tool(proj, "--ref", "v1.0.0", "apply") == 0
@@ -210,7 +223,9 @@ def test_corrupt_archive(proj: Path, index: FakeIndex, capsys: pytest.CaptureFix
     assert "is corrupt" in capsys.readouterr().err
 
 
-def test_git_lock_mismatch_is_an_error(tmp_path: Path, proj: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_git_lock_mismatch_is_an_error(
+    tmp_path: Path, proj: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     up = make_upstream(tmp_path / "up")
     monkeypatch.setenv("SGLANG_REPO", str(up))
     assert tool(proj, "--ref", "v1.0.0", "apply") == 0
@@ -223,8 +238,9 @@ def test_git_lock_mismatch_is_an_error(tmp_path: Path, proj: Path, monkeypatch: 
     assert "but sglang.lock pins" in capsys.readouterr().err
 
 
-def test_the_users_pip_index_is_used(proj: Path, index: FakeIndex, tmp_path: Path,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_users_pip_index_is_used(
+    proj: Path, index: FakeIndex, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Without SGLANG_INDEX_URL, the index pip is configured with (a mirror, say) serves the release."""
     conf = tmp_path / "pip.conf"
     conf.write_text(f"[global]\nindex-url = {index.url}/simple\n")
@@ -235,8 +251,9 @@ def test_the_users_pip_index_is_used(proj: Path, index: FakeIndex, tmp_path: Pat
     assert json.loads((proj / "sglang.lock").read_text())["url"].startswith(index.url)
 
 
-def test_a_replaced_archive_is_caught_with_the_tree_present(proj: Path, index: FakeIndex,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_replaced_archive_is_caught_with_the_tree_present(
+    proj: Path, index: FakeIndex, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert tool(proj, "--ref", "v1.0.0", "apply") == 0
     assert tool(proj, "apply") == 0  # the tree and its base commit are there: nothing is downloaded again
     cached = proj / ".cache/sglang/archives/sglang-1.0.0.tar.gz"

@@ -105,7 +105,9 @@ def make_pools(model_path: Path, max_reqs: int = 64, max_tokens: int = 8192) -> 
         size=max_tokens, page_size=1, dtype=torch.float32, head_num=2, head_dim=HIDDEN // 4,
         layer_num=NUM_LAYERS, device="cpu", enable_memory_saver=False, enable_alt_stream=False,
     )  # fmt: skip
-    allocator = TokenToKVPoolAllocator(size=max_tokens, dtype=torch.float32, device="cpu", kvcache=kv_pool, need_sort=False)
+    allocator = TokenToKVPoolAllocator(
+        size=max_tokens, dtype=torch.float32, device="cpu", kvcache=kv_pool, need_sort=False
+    )
     params = CacheInitParams(True, req_to_token_pool, allocator, page_size=1, is_eagle=True)  # disable=True
     # needs_cpu_seq_lens: torch_native declares no opt-out, so the scheduler keeps the CPU mirror.
     future_map = FutureMap(torch.device("cpu"), SpeculativeAlgorithm.EAGLE3, req_to_token_pool, needs_cpu_seq_lens=True)
@@ -285,7 +287,9 @@ def _assign_extend_cache_locs(req_pool_indices, req_to_token, start_offset, end_
         pt += end - start
 
 
-def _assign_draft_cache_locs_contiguous(req_pool_indices, req_to_token, seq_lens, out_cache_loc, _pool_len, topk, steps):
+def _assign_draft_cache_locs_contiguous(
+    req_pool_indices, req_to_token, seq_lens, out_cache_loc, _pool_len, topk, steps
+):
     # Program i copies topk*steps slots of req_to_token from position seq_len_i into
     # out_cache_loc[i*topk*steps:], the draft steps' write targets.
     n = topk * steps
@@ -429,7 +433,9 @@ class StandInTarget:
         runner.decode_cuda_graph_runner = None
         runner.spec_algorithm = SpeculativeAlgorithm.EAGLE3
         runner.war_fastpath_read_done_event = None
-        runner.attn_backend = type("Backend", (), {"get_verify_buffers_to_fill_after_draft": lambda self: (None, None)})()
+        runner.attn_backend = type(
+            "Backend", (), {"get_verify_buffers_to_fill_after_draft": lambda self: (None, None)}
+        )()
         self.model_runner, self.logits_fn, self.seen = runner, logits_fn, []
 
     def forward_batch_generation(self, batch=None, forward_batch=None, is_verify=False):

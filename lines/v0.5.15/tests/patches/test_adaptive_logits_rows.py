@@ -87,6 +87,7 @@ def test_without_adaptive_speculation_the_size_is_the_active_widths(tmp_path, fr
     assert runner.max_decode_logits_rows() == CAPTURE_BS[-1] * runner.server_args.speculative_num_draft_tokens
     plain = _runner(tmp_path / "plain", speculative_algorithm=None)
     assert plain.max_decode_logits_rows() == CAPTURE_BS[-1]
-    assert torch.Size([CAPTURE_BS[-1], VOCAB]) == fresh_shared_output.create_for_model_runner(
-        plain
-    ).get_logits_buffer(VOCAB, rows=CAPTURE_BS[-1]).shape
+    assert (
+        torch.Size([CAPTURE_BS[-1], VOCAB])
+        == fresh_shared_output.create_for_model_runner(plain).get_logits_buffer(VOCAB, rows=CAPTURE_BS[-1]).shape
+    )

@@ -79,7 +79,9 @@ def _counted(batch, rows):
 
 def _check_counts(env, batch, sampling, emitted):
     rows = torch.rand(len(sampling), VOCAB, generator=torch.Generator().manual_seed(7)) - 0.5
-    expected = torch.cat([_plain(env, s, e, rows[b : b + 1]) for b, (s, e) in enumerate(zip(sampling, emitted, strict=True))])
+    expected = torch.cat(
+        [_plain(env, s, e, rows[b : b + 1]) for b, (s, e) in enumerate(zip(sampling, emitted, strict=True))]
+    )
     torch.testing.assert_close(_counted(batch, rows), expected)
 
 
@@ -129,7 +131,12 @@ def test_verify_penalises_each_draft_position_as_plain_decoding_would(env):
     _verify_rows_as_plain(env, SAMPLING, [[t] for t in FIRST], num_draft, [_chain(b) for b in range(len(reqs))])
     # min_new_tokens holds the EOS down until the output is long enough (request 2: 3 tokens).
     logits = env.target.seen[-1][2]
-    assert [bool(logits[2 * num_draft + i, EOS] == float("-inf")) for i in range(num_draft)] == [True, True, False, False]
+    assert [bool(logits[2 * num_draft + i, EOS] == float("-inf")) for i in range(num_draft)] == [
+        True,
+        True,
+        False,
+        False,
+    ]
     # The test means something: the rows of one request differ where their paths do.
     raw = env.target.seen[-1][1]
     assert not torch.allclose(logits[0] - raw[0], logits[num_draft - 1] - raw[num_draft - 1])

@@ -44,9 +44,7 @@ def _clear_capability_caches():
 def _report_capability(monkeypatch, capability):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.version, "cuda", "12.8")
-    monkeypatch.setattr(
-        torch.cuda, "get_device_capability", lambda *args, **kwargs: capability
-    )
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args, **kwargs: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args, **kwargs: "GPU")
     _clear_capability_caches()
 
@@ -181,9 +179,10 @@ def test_workspace_init_failure_disables_fusion(device, fusion_module, monkeypat
     # Every rank holds the same partial sum, so the all-reduce multiplies by world_size.
     monkeypatch.setattr(distributed, "tensor_model_parallel_all_reduce", lambda t: t * world_size)
 
-    assert fusion.flashinfer_allreduce_residual_rmsnorm(
-        torch.randn(3, 16), torch.randn(3, 16), torch.ones(16)
-    ) == (None, None), "the fused op declines once the workspace has failed"
+    assert fusion.flashinfer_allreduce_residual_rmsnorm(torch.randn(3, 16), torch.randn(3, 16), torch.ones(16)) == (
+        None,
+        None,
+    ), "the fused op declines once the workspace has failed"
     assert _gate(communicator, monkeypatch, backend="trtllm") is False
 
     torch.manual_seed(0)

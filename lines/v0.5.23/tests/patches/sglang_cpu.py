@@ -90,7 +90,9 @@ def make_pools(server_args: ServerArgs, max_reqs: int = 64, max_tokens: int = 81
         size=max_tokens, page_size=1, dtype=torch.float32, head_num=2, head_dim=HIDDEN // 4,
         layer_num=NUM_LAYERS, device="cpu", enable_memory_saver=False, enable_alt_stream=False,
     )  # fmt: skip
-    allocator = TokenToKVPoolAllocator(size=max_tokens, dtype=torch.float32, device="cpu", kvcache=kv_pool, need_sort=False)
+    allocator = TokenToKVPoolAllocator(
+        size=max_tokens, dtype=torch.float32, device="cpu", kvcache=kv_pool, need_sort=False
+    )
     params = CacheInitParams(True, req_to_token_pool, allocator, page_size=1, is_eagle=True)  # disable=True
     ctx = TreeCacheBuildContext(
         server_args, params, is_hybrid_swa=False, is_hybrid_ssm=False, enable_hierarchical_cache=False,
@@ -350,7 +352,9 @@ class OverlapLoop:
         resolve_forward_inputs(batch, fm)
         with Scheduler._forward_isolation(None, batch, overlap=False):
             future_indices = batch.req_pool_indices
-            result = self.worker.forward_batch_generation(batch, on_publish=lambda lens: fm.publish(future_indices, lens))
+            result = self.worker.forward_batch_generation(
+                batch, on_publish=lambda lens: fm.publish(future_indices, lens)
+            )
             scheduler = SimpleNamespace(
                 spec_algorithm=batch.spec_algorithm, future_map=fm, chunked_req=None,
                 beam_coordinator=SimpleNamespace(maybe_select_and_relay=lambda *args, **kwargs: None),
@@ -387,7 +391,9 @@ class OverlapLoop:
             model_worker=SimpleNamespace(on_verify_complete_cpu=lambda *args, **kwargs: None),
             advance_grammar_fsm=lambda *args: None,
         )  # fmt: skip
-        for req, tokens in zip(batch.reqs, SchedulerBatchResultProcessor._resolve_spec_v2_tokens(processor, result, batch), strict=True):
+        for req, tokens in zip(
+            batch.reqs, SchedulerBatchResultProcessor._resolve_spec_v2_tokens(processor, result, batch), strict=True
+        ):
             if req.finished():
                 continue
             req.output_ids.extend(tokens)

@@ -109,8 +109,12 @@ class RecordingTarget:
             self.model_runner.shared_read_done_event = "read-done event of this step"
         bs = self.seen.batch_size
         # EAGLE-3 captures three target layers: the draft extend reads [bs, 3 * hidden].
-        logits = LogitsProcessorOutput(next_token_logits=torch.zeros(bs, VOCAB), hidden_states=torch.ones(bs, 3 * HIDDEN))
-        return GenerationBatchResult(logits_output=logits, next_token_ids=torch.tensor(SAMPLED), can_run_cuda_graph=True)
+        logits = LogitsProcessorOutput(
+            next_token_logits=torch.zeros(bs, VOCAB), hidden_states=torch.ones(bs, 3 * HIDDEN)
+        )
+        return GenerationBatchResult(
+            logits_output=logits, next_token_ids=torch.tensor(SAMPLED), can_run_cuda_graph=True
+        )
 
 
 @pytest.fixture

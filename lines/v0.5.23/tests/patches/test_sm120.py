@@ -55,8 +55,9 @@ def _gate(add_norm, monkeypatch, *, backend, batch_size=4):
     monkeypatch.setattr(add_norm, "is_dp_attention_enabled", lambda: False)
     monkeypatch.setattr(add_norm, "uses_cutedsl_ar_fusion", lambda: False)
     monkeypatch.setattr(add_norm, "is_flashinfer_allreduce_unavailable", lambda: False)
-    monkeypatch.setattr(add_norm, "get_exec", lambda: SimpleNamespace(
-        comm=SimpleNamespace(flashinfer_allreduce_fusion_backend=backend)))
+    monkeypatch.setattr(
+        add_norm, "get_exec", lambda: SimpleNamespace(comm=SimpleNamespace(flashinfer_allreduce_fusion_backend=backend))
+    )
     return add_norm.flashinfer_ar_fusion_applies(batch_size)
 
 
@@ -100,8 +101,13 @@ def _auto_enabled(monkeypatch):
     hf_config = SimpleNamespace(architectures=[KIMI], model_type="kimi_k25", hidden_size=7168)
     monkeypatch.setattr(overrides, "model_config_of", lambda view: SimpleNamespace(hf_config=hf_config))
     monkeypatch.setattr(overrides, "attn_dp_enabled_of", lambda view: False)
-    view = SimpleNamespace(flashinfer_allreduce_fusion_backend=None, tp_size=8, nnodes=1, moe_a2a_backend="none",
-                           disable_custom_all_reduce=False)
+    view = SimpleNamespace(
+        flashinfer_allreduce_fusion_backend=None,
+        tp_size=8,
+        nnodes=1,
+        moe_a2a_backend="none",
+        disable_custom_all_reduce=False,
+    )
     return overrides._flashinfer_allreduce_fusion_auto_enable(view).get("flashinfer_allreduce_fusion_backend")
 
 

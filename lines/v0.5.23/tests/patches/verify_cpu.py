@@ -49,9 +49,14 @@ def fill_bonus_tokens(accept_tokens, accept_lens, bonus_tokens, accept_stride, b
         bonus_tokens[b] = flat[accept_stride * b + int(accept_lens[b]) - 1]
 
 
-def assign_extend_cache_locs_uniform(req_pool_indices, req_to_token, start_offset, batch_size, draft_token_num, device, **_):
+def assign_extend_cache_locs_uniform(
+    req_pool_indices, req_to_token, start_offset, batch_size, draft_token_num, device, **_
+):
     # Program b reads req_to_token[pool_idx_b, start_b : start_b + draft_token_num].
-    rows = [req_to_token[req_pool_indices[b], start_offset[b] : start_offset[b] + draft_token_num] for b in range(batch_size)]
+    rows = [
+        req_to_token[req_pool_indices[b], start_offset[b] : start_offset[b] + draft_token_num]
+        for b in range(batch_size)
+    ]
     return torch.cat(rows).to(torch.int64)  # fmt: skip
 
 
@@ -156,7 +161,9 @@ class StandInTarget:
         output = LogitsProcessorOutput(next_token_logits=logits, hidden_states=hidden)
         return GenerationBatchResult(logits_output=output, next_token_ids=next_token_ids, can_run_cuda_graph=False)
 
-    def forward_batch_generation(self, batch=None, forward_batch=None, *, is_verify=False, capture_hidden_mode=None, **_):
+    def forward_batch_generation(
+        self, batch=None, forward_batch=None, *, is_verify=False, capture_hidden_mode=None, **_
+    ):
         from sglang.srt.model_executor.model_runner import ModelRunner
 
         if is_verify:
@@ -201,7 +208,9 @@ class StandInDraft:
         from sglang.srt.speculative.eagle_info import EagleDraftInput
 
         bs = len(batch.reqs)
-        draft_input = EagleDraftInput(bonus_tokens=next_token_ids.to(torch.int32), num_tokens_per_req=1, num_tokens_for_logprob_per_req=1)
+        draft_input = EagleDraftInput(
+            bonus_tokens=next_token_ids.to(torch.int32), num_tokens_per_req=1, num_tokens_for_logprob_per_req=1
+        )
         self._fill(draft_input, bs)
         return draft_input
 

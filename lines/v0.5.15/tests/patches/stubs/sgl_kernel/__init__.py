@@ -11,9 +11,7 @@ def __getattr__(name):
         raise AttributeError(name)
 
     def _native_kernel_unavailable(*args, **kwargs):
-        raise NotImplementedError(
-            f"sgl_kernel.{name} is a native GPU kernel; the CPU test stub cannot run it"
-        )
+        raise NotImplementedError(f"sgl_kernel.{name} is a native GPU kernel; the CPU test stub cannot run it")
 
     _native_kernel_unavailable.__name__ = name
     return _native_kernel_unavailable

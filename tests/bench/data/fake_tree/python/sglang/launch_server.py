@@ -4,6 +4,7 @@ Generates `max_new_tokens` ids after a short sleep; counts spec/fallback steps b
 --speculative-disable-batch-size is given; logs spec-switch lines like the patch and a decode line
 per request; /start_profile writes a small rank-0 trace (FAKE_TRACE) into the output_dir it is given.
 """
+
 import argparse
 import gzip
 import json
@@ -22,13 +23,15 @@ args, _ = ap.parse_known_args()
 lock = threading.Lock()
 state = {"inflight": 0, "spec": 0, "fallback": 0, "switches": 0, "on": True}
 # A 10 ms window; two 2 ms kernels overlapping by 1 ms keep the GPU busy 3 ms of it: idle 0.7.
-FAKE_TRACE = {"traceEvents": [
-    {"ph": "X", "cat": "cpu_op", "name": "aten::index", "ts": 0, "dur": 4000, "pid": 1, "tid": 1},
-    {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "ts": 1000, "dur": 1000, "pid": 1, "tid": 1},
-    {"ph": "X", "cat": "kernel", "name": "decode_attention", "ts": 4000, "dur": 2000, "pid": 0, "tid": 7},
-    {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 5000, "dur": 2000, "pid": 0, "tid": 7},
-    {"ph": "X", "cat": "cpu_op", "name": "aten::index", "ts": 9000, "dur": 1000, "pid": 1, "tid": 1},
-]}
+FAKE_TRACE = {
+    "traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::index", "ts": 0, "dur": 4000, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "ts": 1000, "dur": 1000, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "kernel", "name": "decode_attention", "ts": 4000, "dur": 2000, "pid": 0, "tid": 7},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 5000, "dur": 2000, "pid": 0, "tid": 7},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::index", "ts": 9000, "dur": 1000, "pid": 1, "tid": 1},
+    ]
+}
 
 
 def write_trace(out_dir):
@@ -54,8 +57,14 @@ class H(BaseHTTPRequestHandler):
         if self.path == "/health":
             return self._send(200, "{}")
         if self.path == "/metrics":
-            m = "".join(f"sglang:spec_switch_{k}_total{{tp_rank=\"0\"}} {float(state[k.split('_')[0]])}\n"
-                        for k in ("spec_steps", "fallback_steps", "switches")) if args.speculative_disable_batch_size is not None else ""
+            m = (
+                "".join(
+                    f'sglang:spec_switch_{k}_total{{tp_rank="0"}} {float(state[k.split("_")[0]])}\n'
+                    for k in ("spec_steps", "fallback_steps", "switches")
+                )
+                if args.speculative_disable_batch_size is not None
+                else ""
+            )
             return self._send(200, "# fake\n" + m, "text/plain")
         self._send(404, "{}")
 
@@ -83,13 +92,17 @@ class H(BaseHTTPRequestHandler):
                     state["on"] = on
                     print(f"[fake TP0] spec-switch: speculation {'ON' if on else 'OFF'} at bs={bs}", flush=True)
                 state["spec" if on else "fallback"] += 1
-            print(f"[fake TP0] Decode batch, #running-req: {bs}, cuda graph: True, "
-                  f"gen throughput (token/s): 100.00, #queue-req: 0", flush=True)
+            print(
+                f"[fake TP0] Decode batch, #running-req: {bs}, cuda graph: True, "
+                f"gen throughput (token/s): 100.00, #queue-req: 0",
+                flush=True,
+            )
         time.sleep(0.002 * n)
         with lock:
             state["inflight"] -= 1
-        self._send(200, json.dumps({"text": "x" * n, "output_ids": list(range(n)),
-                                    "meta_info": {"completion_tokens": n}}))
+        self._send(
+            200, json.dumps({"text": "x" * n, "output_ids": list(range(n)), "meta_info": {"completion_tokens": n}})
+        )
 
 
 print(f"[fake TP0] fake server on {args.port}, argv {sys.argv[1:]}", flush=True)
