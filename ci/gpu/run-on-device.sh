@@ -43,7 +43,9 @@ export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 PYTHONUNBUFFERED=1 SGLANG_TREE=/tm
 [ -d .gpu/stubs/cutlass ] && export FLASHINFER_USE_CUDA_NORM=1
 # A stand-in deep_gemm passes SGLang's DeepGEMM probe (an import), which would then route work to it.
 [ -d .gpu/stubs/deep_gemm ] && export SGLANG_ENABLE_JIT_DEEPGEMM=0
-export SGL_FIXTURE_DIR="${SGL_FIXTURE_DIR:-/tmp/sgl-fixtures}" SGL_TEST_LOG_DIR="$OUT/server-logs"
+# Under build/ (ignored, so never carried): a call that finds the machine still warm finds the sets
+# the last call generated there (the trained set takes about three minutes to make).
+export SGL_FIXTURE_DIR="${SGL_FIXTURE_DIR:-$PWD/build/sgl-fixtures}" SGL_TEST_LOG_DIR="$OUT/server-logs"
 log "setup done in $(( $(date +%s) - t0 ))s; python $(python3 -c 'import sys; print(sys.version.split()[0])')"
 # In the log, not a file of its own: at most 8 files come back.
 nvidia-smi -L 2>&1 | tee -a "$OUT/run-on-device.log" >&2
