@@ -8,6 +8,7 @@ so a failed apply never leaves a half-applied tree presented as good (gbp pq's a
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -17,10 +18,12 @@ from tools.errors import ApplyError, PatchParseError, SeriesError, UnsafeTreeErr
 from tools.gitutil import Git
 from tools.hunkcheck import HunkStatus, PatchResult, TreeState, check_series
 from tools.patchfile import Patch, index_problems, read_patch, requirement_problems
-from tools.progress import Counter, say
+from tools.progress import Counter
 from tools.project import Project
 from tools.series import SeriesProblemKind, read_series, series_problems
 from tools.upstream import LockEntry, materialise, pinned_ref
+
+logger = logging.getLogger(__name__)
 
 TREE_BRANCH = "patched"
 BASE_REF = "refs/patches/base"
@@ -73,7 +76,7 @@ def read_series_patches(project: Project, *, strict_unused: bool = False, header
     problems: list[str] = []
     for p in series_problems(series, project.patches_dir):
         if p.kind is SeriesProblemKind.UNUSED and not strict_unused:
-            say(f"warning: {p}")
+            logger.warning(str(p))
         else:
             problems.append(str(p))
     out: list[SeriesPatch] = []
@@ -261,7 +264,7 @@ def apply_series(
             raise UnsafeTreeError(unsafe_message(tree, probs))
         if probs:
             backup = save_backup(repo)
-            say(f"saved the tree's work on branch {backup} (in {tree})")
+            logger.info(f"saved the tree's work on branch {backup} (in {tree})")
     with tempfile.TemporaryDirectory(prefix=".apply-", dir=project.build_dir) as scratch_s:
         scratch = Path(scratch_s)
         if fresh:
@@ -269,10 +272,10 @@ def apply_series(
             (repo.path / ".git" / "info").mkdir(parents=True, exist_ok=True)
             (repo.path / ".git" / "info" / "exclude").write_text(TREE_EXCLUDES)
         base, entry = materialise(project, repo, ref, relock=relock)
-        say(f"checking {len(patches)} patch(es) hunk by hunk against {ref}")
+        logger.info(f"checking {len(patches)} patch(es) hunk by hunk against {ref}")
         results = classify(repo, base, [sp.patch for sp in patches])
         for r in results:
-            say(f"  {r.patch}: {r.status.value} ({r.summary()})")
+            logger.info(f"  {r.patch}: {r.status.value} ({r.summary()})")
         problems = [*loaded.problems, *hunk_problems(results, allow_offset)]
         if problems:
             failed = failure_summary(results, ref, allow_offset)

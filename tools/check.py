@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
 
@@ -10,9 +11,10 @@ from tools.errors import ToolError
 from tools.export import reexport_diff
 from tools.formatcheck import format_problems, missing_formatters
 from tools.gitutil import Git
-from tools.progress import say
 from tools.project import Project
 from tools.upstream import materialise
+
+logger = logging.getLogger(__name__)
 
 
 def scratch_repo(project: Project) -> Git:
@@ -40,7 +42,7 @@ def run_check(project: Project, ref: str | None = None) -> list[str]:
         problems.extend(hunks)
         problems.append("re-export not checked: the series does not apply exactly")
         return problems
-    say(f"re-exporting {len(loaded.patches)} patch(es) to check they are refreshed")
+    logger.info(f"re-exporting {len(loaded.patches)} patch(es) to check they are refreshed")
     with tempfile.TemporaryDirectory(prefix=".check-", dir=project.cache_dir) as scratch:
         head = build_commits(repo, base, list(loaded.patches), Path(scratch))
         commits = repo.commits(base, head)
@@ -57,5 +59,5 @@ def _format_problems(repo: Git, base: str, head: str) -> list[str]:
     missing = missing_formatters()
     if missing:
         return ["formatting not checked: SGLang's formatters are missing: " + "; ".join(missing)]
-    say("running SGLang's formatters (black, isort) on the files the series changes")
+    logger.info("running SGLang's formatters (black, isort) on the files the series changes")
     return [p.describe() for p in format_problems(repo, base, head)]

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 from tools.errors import ToolError
-from tools.progress import say
 from tools.project import Project
+
+logger = logging.getLogger(__name__)
 
 LOCK_NAME = ".tools.lock"
 # Scratch that exists only while a command runs: left over, it is a killed run's.
@@ -46,7 +48,7 @@ def sweep_stale(project: Project) -> int:
         else:
             p.unlink(missing_ok=True)
     if stale:
-        say(
+        logger.info(
             f"removed {len(stale)} temporary file(s) or folder(s) an interrupted run left: "
             + ", ".join(str(p.relative_to(project.root)) for p in stale[:4])
             + (" ..." if len(stale) > 4 else "")

@@ -4,6 +4,7 @@ an exit code in one place (``main``)."""
 from __future__ import annotations
 
 import argparse
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +12,11 @@ from typing import Sequence
 
 from tools.checkout_lock import hold
 from tools.errors import ToolError, UnsafeTreeError, UsageError
-from tools.progress import count_summary, say
+from tools.logs import configure
+from tools.progress import count_summary
 from tools.project import Project, default_root
+
+logger = logging.getLogger(__name__)
 
 # Commands that write the checkout's build/ or .cache/ (trees, scratch repositories, archives).
 # `test` is not among them: the tool tests it runs call the toolkit on checkouts of their own.
@@ -89,7 +93,7 @@ def cmd_check(args: argparse.Namespace, project: Project) -> int:
     problems = []
     for line in lines:
         if len(lines) > 1:
-            say(f"== line {line.label}")
+            logger.info(f"== line {line.label}")
         problems += [f"{line.label}: {p}" if len(lines) > 1 else p for p in run_check(line, args.ref)]
     for p in problems:
         print(p)
@@ -117,7 +121,7 @@ def cmd_install(args: argparse.Namespace, project: Project) -> int:
     if not (tree / "python").is_dir():
         raise ToolError(f"{tree} has no python/ folder; run `make apply` first")
     cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "-e", str(tree / "python")]
-    say("$ " + " ".join(cmd))
+    logger.info("$ " + " ".join(cmd))
     if subprocess.run(cmd).returncode != 0:
         raise ToolError("pip install failed (see above); the environment's sglang was not changed by this tool")
     print(f"installed {tree}/python into {sys.prefix} (editable, no dependency changes)")
@@ -185,12 +189,14 @@ def cmd_rebase(args: argparse.Namespace, project: Project) -> int:
         )
     except ToolError:
         if started and not rebase_tree(project, args.to).exists():
-            say(f"removed {discard(project)}: the new line did not start")
+            logger.info(f"removed {discard(project)}: the new line did not start")
         elif started:  # a conflict keeps the new line for --continue or --abort
-            say(f"{project.label} holds the copy being ported; `make rebase SGLANG_REF={args.to} ABORT=1` removes it")
+            logger.info(
+                f"{project.label} holds the copy being ported; `make rebase SGLANG_REF={args.to} ABORT=1` removes it"
+            )
         raise
     if args.abort and is_unfinished(project):
-        say(f"removed {discard(project)}: the new line never reached {args.to}")
+        logger.info(f"removed {discard(project)}: the new line never reached {args.to}")
     return rc
 
 
@@ -224,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
         "line at that ref (default: the default line's pinned ref; check and status: every line)",
     )
     p.add_argument("--tree", help="patched tree (default: build/sglang-<ref>)")
+    p.add_argument("-v", "--verbose", action="store_true", help="also print debug records")
     sub = p.add_subparsers(dest="command", required=True)
 
     a = sub.add_parser("apply", help="build the patched tree (base commit + one commit per patch)")
@@ -288,6 +295,7 @@ def check_refs(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    configure(verbose=args.verbose)
     try:
         check_refs(args)
         project = Project(Path(args.root).resolve() if args.root else default_root()).line_for(args.ref)

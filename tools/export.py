@@ -8,6 +8,7 @@ no-op and headers survive refresh: the header *is* the commit message.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +17,10 @@ from tools.apply import APPLIED_REF, BASE_REF
 from tools.errors import PatchParseError, SeriesError, ToolError
 from tools.gitutil import Git
 from tools.patchfile import parse_patch_text, read_patch
-from tools.progress import say
 from tools.project import IDENT_DATE, IDENT_EMAIL, IDENT_NAME, Project
 from tools.series import append_to_series, read_series
+
+logger = logging.getLogger(__name__)
 
 _FROM_RE = re.compile(r"^From: .*(\n[ \t].*)*$", re.M)
 _DATE_RE = re.compile(r"^Date: .*$", re.M)
@@ -133,7 +135,7 @@ def export_tree(project: Project, tree: Path, force: bool = False) -> ExportOutc
         _refuse_edited(project, repo, edited, dict(zip(names, commits, strict=False)))
     dirty = repo.dirty_paths()
     if dirty:
-        say(f"warning: uncommitted changes in {tree} are not exported: {', '.join(dirty[:5])}")
+        logger.warning(f"uncommitted changes in {tree} are not exported: {', '.join(dirty[:5])}")
     outcome = _write_patches(project, repo, commits, names, series_names)
     if outcome.added:
         append_to_series(project.series_path, list(outcome.added))
@@ -203,7 +205,7 @@ def _write_patches(
             name, next_number = _new_name(slug(repo.subject(c)), next_number, taken)
             added.append(name)
         for prob in parse_patch_text(text, name).header_problems():
-            say(f"warning: {prob} (edit the commit message: `git commit --amend` in the tree)")
+            logger.warning(f"{prob} (edit the commit message: `git commit --amend` in the tree)")
         path = project.patches_dir / name
         if path.exists() and path.read_bytes() == text.encode("utf-8", "surrogateescape"):
             unchanged.append(name)

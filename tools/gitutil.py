@@ -7,6 +7,7 @@ that is needed.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ import git as gitpython
 
 from tools.errors import GitError
 from tools.project import IDENT_DATE_GIT, IDENT_EMAIL, IDENT_NAME
+
+logger = logging.getLogger(__name__)
 
 # Options that change what format-patch/apply/am produce. Pinned so a developer's config cannot
 # make an export churn (anchors §2: "pinned diff.renames").
@@ -89,6 +92,7 @@ class Git:
             full_env.update(FIXED_IDENT_ENV)
         if env:
             full_env.update(env)
+        logger.debug(f"git {' '.join(args)} (in {self.path})")
         proc = subprocess.run(
             cmd,
             cwd=self.path,

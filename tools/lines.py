@@ -7,15 +7,17 @@ new release never touches the line it came from.
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 from pathlib import Path
 
 from tools.errors import UsageError
-from tools.progress import say
 from tools.project import LINES_DIR, Project
 from tools.series import read_series
 from tools.upstream import pinned_ref
+
+logger = logging.getLogger(__name__)
 
 
 def _tests_prefix(project: Project) -> str:
@@ -54,7 +56,7 @@ def start_line(source: Project, ref: str) -> Project:
         shutil.copytree(
             tests, target.line_dir / "tests" / "patches", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
         )
-    say(
+    logger.info(
         f"new line {target.label}: {len(names)} patch(es) and their CPU tests copied from {source.label}; "
         f"porting it to {ref}"
     )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import sys
+import logging
 from collections.abc import Iterable
+
+logger = logging.getLogger(__name__)
 
 
 def count_summary(values: Iterable[str], empty: str) -> str:
@@ -12,10 +14,6 @@ def count_summary(values: Iterable[str], empty: str) -> str:
     for v in values:
         counts[v] = counts.get(v, 0) + 1
     return ", ".join(f"{n} {k}" for k, n in counts.items()) or empty
-
-
-def say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 class Counter:
@@ -28,4 +26,4 @@ class Counter:
 
     def step(self, what: str) -> None:
         self.n += 1
-        say(f"[{self.n}/{self.total}] {self.verb} {what}")
+        logger.info(f"[{self.n}/{self.total}] {self.verb} {what}")

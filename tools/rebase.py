@@ -23,6 +23,7 @@ Nothing is dropped silently: upstream/obsolete patches stay in the series unless
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import tempfile
@@ -34,7 +35,7 @@ from tools.errors import ToolError
 from tools.export import canonical
 from tools.gitutil import Git
 from tools.hunkcheck import HunkStatus
-from tools.progress import Counter, say
+from tools.progress import Counter
 from tools.project import Project
 from tools.rebase_port import (
     PatchOutcome,
@@ -47,6 +48,8 @@ from tools.rebase_port import (
 )
 from tools.rebase_state import STATE_FILE, State, _range_diff, report_markdown
 from tools.upstream import known_entry, materialise, pinned_ref, write_lock
+
+logger = logging.getLogger(__name__)
 
 
 # -- main flow ------------------------------------------------------------------------------
@@ -92,7 +95,7 @@ def _start(project: Project, new_ref: str, patches: list[SeriesPatch]) -> tuple[
     if damage:
         shutil.rmtree(path)
         raise ToolError("\n".join(damage) + f"\nnot rebasing a damaged series; `make check` at {old_ref} shows it too")
-    say(f"rebuilding the old series on {old_ref} (for the range-diff)")
+    logger.info(f"rebuilding the old series on {old_ref} (for the range-diff)")
     with tempfile.TemporaryDirectory(prefix=".rebase-", dir=project.build_dir) as scratch:
         old_head = build_commits(repo, old_base, patches, Path(scratch)) if patches else old_base
     new_base, _ = materialise(project, repo, new_ref)
@@ -135,7 +138,7 @@ def _run_patches(repo: Git, state: State, patches: list[SeriesPatch], check: boo
         counter.step(name)
         ctx = SeriesContext(state.new_ref, state.old_base, renames, _created_by(by_name, outcomes), added)
         o = _port_or_block(repo, by_name[name], outcomes, check, ctx)
-        say(f"    {o.status.value}" + (f": {o.detail}" if o.detail else ""))
+        logger.info(f"    {o.status.value}" + (f": {o.detail}" if o.detail else ""))
         outcomes.append(o)
         state = state.with_outcomes(outcomes)
         if o.status in (RebaseStatus.CONFLICT, RebaseStatus.BLOCKED) and not check:
@@ -234,7 +237,7 @@ def run_rebase(
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(markdown)
     print(markdown)
-    say(f"report written to {report_path}")
+    logger.info(f"report written to {report_path}")
     if stopped or blocked:
         raise ToolError(note)
     if check:

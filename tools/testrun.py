@@ -8,6 +8,7 @@ starts servers, which with a large model takes minutes, and the per-patch run wo
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -17,8 +18,10 @@ from pathlib import Path
 from tools.apply import APPLIED_REF, BASE_REF, load_patches
 from tools.errors import TestFailure, ToolError
 from tools.gitutil import Git
-from tools.progress import Counter, say
+from tools.progress import Counter
 from tools.project import Project
+
+logger = logging.getLogger(__name__)
 
 PYTEST_NO_TESTS = 5
 PYTEST_USAGE = 4
@@ -52,7 +55,7 @@ def _pytest(project: Project, args: list[str], tree: Path | None) -> int:
         python = line_python(project)
     cmd = [python, "-m", "pytest", *args]
     shown = "python" if python == sys.executable else python
-    say("$ " + ("SGLANG_TREE=" + str(tree) + " " if tree else "") + shown + " " + " ".join(cmd[1:]))
+    logger.info("$ " + ("SGLANG_TREE=" + str(tree) + " " if tree else "") + shown + " " + " ".join(cmd[1:]))
     return subprocess.run(cmd, cwd=project.root, env=env).returncode
 
 
@@ -122,7 +125,7 @@ def gpu_tests(project: Project, tree: Path) -> TestOutcome | None:
     """The line's GPU suite (tests/gpu of the line's folder) on its full series."""
     suite = project.line_dir / "tests" / "gpu"
     if not suite.is_dir():
-        say(f"{suite.relative_to(project.root)} does not exist; skipping GPU tests")
+        logger.info(f"{suite.relative_to(project.root)} does not exist; skipping GPU tests")
         return None
     rc = _pytest(project, [str(suite.relative_to(project.root)), "-q"], tree)
     ok = rc in (0, PYTEST_NO_TESTS)  # GPU tests skip themselves on a machine without a GPU
@@ -151,7 +154,7 @@ def run_tests(
 def summarise(outcomes: list[TestOutcome]) -> None:
     bad = [o for o in outcomes if not o.ok]
     for o in outcomes:
-        say(f"  {'ok  ' if o.ok else 'FAIL'} {o.label}" + (f": {o.message}" if o.message else ""))
+        logger.info(f"  {'ok  ' if o.ok else 'FAIL'} {o.label}" + (f": {o.message}" if o.message else ""))
     if bad:
         raise TestFailure(
             f"{len(bad)} of {len(outcomes)} test group(s) failed: " + "; ".join(f"{o.label}: {o.message}" for o in bad)

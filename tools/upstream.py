@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import tarfile
@@ -28,9 +29,10 @@ from pathlib import Path
 
 from tools.errors import GitError, UpstreamError
 from tools.gitutil import Git
-from tools.progress import say
 from tools.project import Project, env_index_url, env_remote, env_repo
 from tools.versions import release_version
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -169,14 +171,14 @@ def download(url: str, dest: Path, sha256: str, pinned_in: str | None = None) ->
     if dest.exists():
         got = cached_sha256(dest)
         if got == sha256:
-            say(f"using cached {dest.name}")
+            logger.info(f"using cached {dest.name}")
             return dest
         raise _cached_mismatch(dest, got, sha256, pinned_in)
     dest.parent.mkdir(parents=True, exist_ok=True)
     # A name of its own: two downloads of one archive never write one file (the rename is atomic).
     fd, tmp_name = tempfile.mkstemp(prefix=dest.name + ".", suffix=".part", dir=dest.parent)
     tmp = Path(tmp_name)
-    say(f"downloading {url}")
+    logger.info(f"downloading {url}")
     try:
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as r:
             total = int(r.headers.get("Content-Length") or 0)
@@ -186,7 +188,7 @@ def download(url: str, dest: Path, sha256: str, pinned_in: str | None = None) ->
                 done += len(chunk)
                 pct = done * 100 // total if total else -1
                 if total and pct // 10 != last // 10:
-                    say(f"  {dest.name}: {done >> 20} / {total >> 20} MiB ({pct}%)")
+                    logger.info(f"  {dest.name}: {done >> 20} / {total >> 20} MiB ({pct}%)")
                     last = pct
     except (urllib.error.URLError, OSError) as e:
         tmp.unlink(missing_ok=True)
@@ -282,7 +284,7 @@ def _import_archive(
     version = release_version(ref) or ""
     archive = download(dist.url, project.cache_dir / "archives" / dist.filename, dist.sha256, pinned_in)
     entry = LockEntry(ref=ref, source=dist.kind, url=dist.url, sha256=dist.sha256)
-    say(f"importing {dist.filename} as the base of {ref}")
+    logger.info(f"importing {dist.filename} as the base of {ref}")
     with tempfile.TemporaryDirectory(prefix="sglang-src-", dir=project.cache_dir) as tmp:
         extract(archive, dist.kind, version, Path(tmp))
         base = repo.commit_tree_from_dir(Path(tmp), _base_message(entry))
@@ -383,14 +385,14 @@ def materialise(project: Project, repo: Git, ref: str, *, relock: bool = False) 
         # As the user would name it in `git checkout <file>`: relative to the checkout.
         lock_name = str(path.relative_to(project.root)) if path.is_relative_to(project.root) else str(path)
         if env_repo() and entry.source != "git":
-            say(f"note: {lock_name} pins {entry.describe()}; SGLANG_REPO is not used (--relock to re-pin)")
+            logger.info(f"note: {lock_name} pins {entry.describe()}; SGLANG_REPO is not used (--relock to re-pin)")
         return _from_locked(project, repo, entry, lock_name), entry
     tried: list[str] = []
     for label, url in (("SGLANG_REPO", env_repo()), ("upstream remote", env_remote())):
         if not url:
             tried.append(f"{label}: not set")
             continue
-        say(f"fetching {ref} from {url}")
+        logger.info(f"fetching {ref} from {url}")
         try:
             commit = fetch_git(repo, url, ref)
         except (UpstreamError, GitError) as e:
