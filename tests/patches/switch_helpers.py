@@ -36,6 +36,22 @@ def v2_env(tmp_path, monkeypatch, **server_args):
     return make_pools(model_path)
 
 
+def handled_switch_args(tmp_path, **overrides):
+    """ServerArgs of a tiny model with overrides, after the switch's own argument handling."""
+    args = make_server_args(write_tiny_llama_config(tmp_path / "m"), **overrides)
+    args._handle_speculative_switch()
+    return args
+
+
+def scheduler_metrics_collector_class():
+    """SGLang's SchedulerMetricsCollector, wherever the tree's release keeps it."""
+    try:
+        from sglang.srt.metrics.collector import SchedulerMetricsCollector
+    except ImportError:  # moved in v0.5.10
+        from sglang.srt.observability.metrics_collector import SchedulerMetricsCollector
+    return SchedulerMetricsCollector
+
+
 def v2_decode_batch(env, n=NUM_REQS):
     reqs = [make_req(f"r{i}", prompt_len=4 + i) for i in range(n)]
     batch = prefilled_decode_batch(env, reqs, [100 + i for i in range(n)], overlap=True, topk=1)

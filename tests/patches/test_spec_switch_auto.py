@@ -21,7 +21,7 @@ import zmq
 from sglang.srt.managers.utils import GenerationBatchResult
 
 from sglang_cpu import make_req, prefilled_decode_batch
-from switch_helpers import v2_env
+from switch_helpers import handled_switch_args, scheduler_metrics_collector_class, v2_env
 
 CAP = 64
 
@@ -61,13 +61,13 @@ class Rank:
         from sglang.srt.managers.scheduler import Scheduler
         from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
         from sglang.srt.speculative.spec_switch import SpecSwitch
-        from sglang.srt.speculative.spec_switch_auto import AutoThreshold, hysteresis
+        from sglang.srt.speculative.spec_switch_auto import AutoThreshold
         from sglang.srt.speculative.spec_switch_v2 import DeferredDraftSyncV2
 
         self.env, self.rng, self.now = env, random.Random(seed), 0.0
         auto = AutoThreshold(CAP, clock=lambda: self.now)
         worker = object.__new__(EAGLEWorkerV2)
-        worker.spec_switch = SpecSwitch(auto.prior, hysteresis(auto.prior), auto)
+        worker.spec_switch = SpecSwitch.learning(auto)
         sync = worker.deferred_draft_sync = DeferredDraftSyncV2(max_catch_up_tokens=4096)
         # What the real steps leave in the deferred sync's bookkeeping.
         worker.forward_plain_decode = lambda mwb: sync.fell_behind(mwb, mwb.seq_lens_cpu)
@@ -247,24 +247,16 @@ def test_ranks_switch_at_the_same_steps(tmp_path, monkeypatch):
     assert alone[0].kinds != alone[1].kinds
 
 
-def _handle(tmp_path, **overrides):
-    from sglang_cpu import make_server_args, write_tiny_llama_config
-
-    args = make_server_args(write_tiny_llama_config(tmp_path / "m"), **overrides)
-    args._handle_speculative_switch()
-    return args
-
-
 def test_auto_bounds_the_learned_thresholds(tmp_path):
     from sglang.srt.speculative.spec_switch import SpecSwitch
 
-    args = _handle(tmp_path, speculative_disable_batch_size="auto")
+    args = handled_switch_args(tmp_path, speculative_disable_batch_size="auto")
     assert args.speculative_switch_auto
     # The bounds size the graph sets: verify graphs up to the cap, plain-decode graphs from 1.
     assert (args.speculative_disable_batch_size, args.speculative_enable_batch_size) == (64, 1)
     switch = SpecSwitch.from_server_args(args)
     assert (switch.disable_batch_size, switch.enable_batch_size) == (8, 6)  # the prior
-    args = _handle(
+    args = handled_switch_args(
         tmp_path,
         speculative_disable_batch_size="auto",
         speculative_auto_max_batch_size=4,
@@ -272,7 +264,7 @@ def test_auto_bounds_the_learned_thresholds(tmp_path):
     )
     assert args.speculative_disable_batch_size == 4
     assert SpecSwitch.from_server_args(args).disable_batch_size == 4
-    fixed = _handle(tmp_path, speculative_disable_batch_size=16)
+    fixed = handled_switch_args(tmp_path, speculative_disable_batch_size=16)
     assert not fixed.speculative_switch_auto and SpecSwitch.from_server_args(fixed).auto is None
 
 
@@ -300,7 +292,7 @@ def test_auto_bounds_the_learned_thresholds(tmp_path):
 )
 def test_bad_auto_arguments_are_refused(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
-        _handle(tmp_path, **overrides)
+        handled_switch_args(tmp_path, **overrides)
 
 
 def test_auto_is_a_command_line_value():
@@ -319,10 +311,7 @@ def test_auto_is_a_command_line_value():
 def test_learned_threshold_and_rates_reach_prometheus(rank):
     from prometheus_client import REGISTRY
 
-    try:
-        from sglang.srt.metrics.collector import SchedulerMetricsCollector
-    except ImportError:  # moved in v0.5.10
-        from sglang.srt.observability.metrics_collector import SchedulerMetricsCollector
+    SchedulerMetricsCollector = scheduler_metrics_collector_class()
     from sglang.srt.server_args import get_global_server_args
 
     serve([rank], [(10, 400), (30, 400)], SimulatedGpu())

@@ -12,7 +12,14 @@ import pytest
 import torch
 
 from sglang_cpu import make_server_args, write_tiny_llama_config
-from switch_helpers import forward_batch, v2_decode_batch, v2_env, verify_graph_runner
+from switch_helpers import (
+    forward_batch,
+    handled_switch_args,
+    scheduler_metrics_collector_class,
+    v2_decode_batch,
+    v2_env,
+    verify_graph_runner,
+)
 
 
 def test_hysteresis_switches_once_per_crossing():
@@ -44,15 +51,9 @@ def test_switch_is_off_unless_configured(tmp_path):
     assert SpecSwitch.from_server_args(args) is None
 
 
-def _handle(tmp_path, **overrides):
-    args = make_server_args(write_tiny_llama_config(tmp_path / "m"), **overrides)
-    args._handle_speculative_switch()
-    return args
-
-
 def test_enable_batch_size_defaults_below_the_disable_threshold(tmp_path):
-    assert _handle(tmp_path, speculative_disable_batch_size=32).speculative_enable_batch_size == 24
-    assert _handle(tmp_path, speculative_disable_batch_size=1).speculative_enable_batch_size == 1
+    assert handled_switch_args(tmp_path, speculative_disable_batch_size=32).speculative_enable_batch_size == 24
+    assert handled_switch_args(tmp_path, speculative_disable_batch_size=1).speculative_enable_batch_size == 1
 
 
 @pytest.mark.parametrize(
@@ -81,7 +82,7 @@ def test_enable_batch_size_defaults_below_the_disable_threshold(tmp_path):
 )
 def test_bad_switch_arguments_are_refused(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
-        _handle(tmp_path, **overrides)
+        handled_switch_args(tmp_path, **overrides)
 
 
 @pytest.mark.parametrize(
@@ -158,10 +159,7 @@ def test_fallback_steps_do_not_dilute_acceptance_metrics(tmp_path):
 def test_prometheus_counters_follow_the_switch():
     from prometheus_client import CollectorRegistry  # noqa: F401  (the real client)
 
-    try:
-        from sglang.srt.metrics.collector import SchedulerMetricsCollector
-    except ImportError:  # moved in v0.5.10
-        from sglang.srt.observability.metrics_collector import SchedulerMetricsCollector
+    SchedulerMetricsCollector = scheduler_metrics_collector_class()
     from sglang.srt.speculative.spec_switch import SpecSwitch
 
     collector = object.__new__(SchedulerMetricsCollector)
@@ -197,10 +195,7 @@ def test_prometheus_counters_count_every_decode_step(tmp_path, monkeypatch):
     from sglang.srt.server_args import get_global_server_args
     from sglang.srt.speculative.spec_switch import SpecSwitch
 
-    try:
-        from sglang.srt.metrics.collector import SchedulerMetricsCollector
-    except ImportError:  # moved in v0.5.10
-        from sglang.srt.observability.metrics_collector import SchedulerMetricsCollector
+    SchedulerMetricsCollector = scheduler_metrics_collector_class()
 
     batch, _ = v2_decode_batch(v2_env(tmp_path, monkeypatch))
     labels = {"model_name": "every-step", "engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
