@@ -4,7 +4,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+# Each line's CPU patch tests import their helpers (sglang_cpu, kernel_refs) as top-level modules,
+# as pytest does from that folder: one mypy run per folder, or the same names would clash.
+PATCH_TEST_DIRS = [
+    p.relative_to(ROOT).as_posix() for p in [ROOT / "tests/patches", *sorted(ROOT.glob("lines/*/tests/patches"))]
+]
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -24,4 +31,10 @@ def test_ruff_format() -> None:
 
 def test_mypy() -> None:
     res = _run("mypy")
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("folder", PATCH_TEST_DIRS)
+def test_mypy_patch_tests(folder: str) -> None:
+    res = _run("mypy", folder)
     assert res.returncode == 0, res.stdout + res.stderr

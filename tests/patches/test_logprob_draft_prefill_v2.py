@@ -9,6 +9,7 @@ LogitsProcessor as LlamaForCausalLMEagle3.forward hands them (logits states plus
 from __future__ import annotations
 
 import types
+from typing import Any
 
 import pytest
 import torch
@@ -116,7 +117,7 @@ class DraftRunner:
         torch.nn.init.normal_(self.lm_head.weight)
         self.embed = torch.randn(VOCAB, HIDDEN)
         self.to_aux = torch.randn(HIDDEN, 3 * HIDDEN)
-        self.forward_batches = []
+        self.forward_batches: list[Any] = []
 
     def forward(self, forward_batch):
         self.forward_batches.append(forward_batch)

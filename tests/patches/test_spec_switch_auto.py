@@ -15,6 +15,7 @@ import math
 import random
 import types
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import zmq
@@ -101,8 +102,8 @@ class Rank:
                 enable_trace=False,
             )
         self.scheduler = scheduler
-        self.batch = None
-        self.worker_batch = None
+        self.batch: Any = None
+        self.worker_batch: Any = None
         self.forward_ct = 0
         self.kinds: list[str] = []
 

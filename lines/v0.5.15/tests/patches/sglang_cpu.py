@@ -436,7 +436,8 @@ class StandInTarget:
         runner.attn_backend = type(
             "Backend", (), {"get_verify_buffers_to_fill_after_draft": lambda self: (None, None)}
         )()
-        self.model_runner, self.logits_fn, self.seen = runner, logits_fn, []
+        self.model_runner, self.logits_fn = runner, logits_fn
+        self.seen: list[tuple[Any, torch.Tensor, torch.Tensor]] = []
 
     def forward_batch_generation(self, batch=None, forward_batch=None, is_verify=False):
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
@@ -517,7 +518,8 @@ class OverlapScheduler:
     loop runs only after launching the next one."""
 
     def __init__(self, pools: Pools, worker):
-        self.pools, self.worker, self.pending = pools, worker, []
+        self.pools, self.worker = pools, worker
+        self.pending: list[tuple[ScheduleBatch, Any]] = []
 
     def prefill(self, reqs: Sequence[Req]) -> ScheduleBatch:
         from sglang.srt.managers.schedule_batch import ScheduleBatch

@@ -326,7 +326,8 @@ class OverlapLoop:
     """
 
     def __init__(self, pools: Pools, worker: Any):
-        self.pools, self.worker, self.pending = pools, worker, None
+        self.pools, self.worker = pools, worker
+        self.pending: Optional[tuple[ScheduleBatch, Any]] = None
 
     def admit_prefill(self, reqs: Sequence[Req]) -> ScheduleBatch:
         """A prefill batch as get_new_batch_prefill builds it (admission, prepare_for_extend)."""
