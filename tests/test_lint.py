@@ -7,10 +7,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# Each line's CPU patch tests import their helpers (sglang_cpu, kernel_refs) as top-level modules,
+# Each test folder imports its helpers (conftest, sglang_cpu, bench_helpers) as top-level modules,
 # as pytest does from that folder: one mypy run per folder, or the same names would clash.
-PATCH_TEST_DIRS = [
-    p.relative_to(ROOT).as_posix() for p in [ROOT / "tests/patches", *sorted(ROOT.glob("lines/*/tests/patches"))]
+# tests/gpu is in pyproject.toml's mypy files.
+TEST_DIRS = [
+    p.relative_to(ROOT).as_posix()
+    for p in [
+        *sorted(d for d in (ROOT / "tests").iterdir() if d.is_dir() and d.name not in ("gpu", "__pycache__")),
+        *sorted(ROOT.glob("lines/*/tests/patches")),
+    ]
 ]
 
 
@@ -32,9 +37,11 @@ def test_ruff_format() -> None:
 def test_mypy() -> None:
     res = _run("mypy")
     assert res.returncode == 0, res.stdout + res.stderr
+    res = _run("mypy", "tests/test_lint.py", "tests/test_import_cycles.py")
+    assert res.returncode == 0, res.stdout + res.stderr
 
 
-@pytest.mark.parametrize("folder", PATCH_TEST_DIRS)
-def test_mypy_patch_tests(folder: str) -> None:
+@pytest.mark.parametrize("folder", TEST_DIRS)
+def test_mypy_tests(folder: str) -> None:
     res = _run("mypy", folder)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -18,6 +18,9 @@ from tools.series import read_series
 from tools.upstream import pinned_ref
 
 logger = logging.getLogger(__name__)
+# What every line's CPU tests share from the default line's tests/patches (each line's conftest.py
+# finds it there): a copy in a line would shadow it, its own folder being first on sys.path.
+SHARED_TEST_FILES = ("cpu_harness.py", "kernel_refs.py", "stubs")
 
 
 def _tests_prefix(project: Project) -> str:
@@ -54,7 +57,9 @@ def start_line(source: Project, ref: str) -> Project:
     tests = source.line_dir / "tests" / "patches"
     if tests.is_dir():
         shutil.copytree(
-            tests, target.line_dir / "tests" / "patches", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+            tests,
+            target.line_dir / "tests" / "patches",
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", *SHARED_TEST_FILES),
         )
     logger.info(
         f"new line {target.label}: {len(names)} patch(es) and their CPU tests copied from {source.label}; "

@@ -47,7 +47,7 @@ def test_h200_crossover_interpolated_on_log_axis() -> None:
     t = math.log(r16) / (math.log(r16) - math.log(r64))
     expect = math.exp(math.log(16) + t * (math.log(64) - math.log(16)))
     assert rec.crossover == pytest.approx(expect)
-    assert 16 < rec.crossover < 64
+    assert rec.crossover is not None and 16 < rec.crossover < 64
     n = math.floor(expect)
     assert rec.disable_batch_size == n
     assert rec.enable_batch_size == hysteresis(n) < n
@@ -67,7 +67,7 @@ def test_always_wins() -> None:
 
 def test_non_monotonic_uses_first_crossing_and_says_so() -> None:
     rec = recommend({1: 100, 2: 100, 5: 100, 10: 100}, {1: 150, 2: 90, 5: 110, 10: 80})
-    assert rec.kind == "crossover" and 1 < rec.crossover < 2
+    assert rec.kind == "crossover" and rec.crossover is not None and 1 < rec.crossover < 2
     assert rec.disable_batch_size == 1 and rec.enable_batch_size == 1
     assert any("wins again" in n for n in rec.notes)
 
@@ -75,6 +75,7 @@ def test_non_monotonic_uses_first_crossing_and_says_so() -> None:
 def test_loses_low_but_wins_high_is_never_with_a_note() -> None:
     rec = recommend({1: 100, 10: 100}, {1: 90, 10: 120})
     assert rec.kind == "never" and rec.notes
+    assert rec.disable_batch_size is not None and rec.enable_batch_size is not None
     assert rec.disable_batch_size >= 1 and rec.enable_batch_size >= 1
 
 
@@ -83,6 +84,7 @@ def test_never_flags_are_valid_switch_values() -> None:
     for nospec, spec in [({1: 100, 4: 100}, {1: 50, 4: 40}), ({2: 100, 8: 100}, {2: 99, 8: 10})]:
         rec = recommend(nospec, spec)
         assert rec.kind == "never"
+        assert rec.disable_batch_size is not None and rec.enable_batch_size is not None
         assert 1 <= rec.enable_batch_size <= rec.disable_batch_size
         assert "batch-size 0" not in rec.flags
     assert "C=1 not measured; C=2 shown" in recommend({2: 100}, {2: 50}).message
@@ -152,7 +154,7 @@ def test_plot_is_optional(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
     real = builtins.__import__
 
-    def no_mpl(name: str, *a, **k):  # type: ignore[no-untyped-def]
+    def no_mpl(name: str, *a, **k):
         if name.startswith("matplotlib"):
             raise ImportError("no matplotlib")
         return real(name, *a, **k)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,7 +95,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Env:
     return e
 
 
-def commit_in_tree(tree: Path, message: str, edits: dict[str, str | None]) -> None:
+def commit_in_tree(tree: Path, message: str, edits: Mapping[str, str | None]) -> None:
     for rel, text in edits.items():
         f = tree / rel
         if text is None:

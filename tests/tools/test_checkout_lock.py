@@ -105,7 +105,7 @@ def test_unwritable_checkout_is_a_message_not_a_traceback(
         # root writes anywhere: have the first write into build/ fail as it does for a user without rights.
         real_open = Path.open
 
-        def refuse(self: Path, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        def refuse(self: Path, *args: object, **kwargs: object):
             if self.parent == build:
                 raise PermissionError(13, "Permission denied", str(self))
             return real_open(self, *args, **kwargs)  # type: ignore[call-overload]

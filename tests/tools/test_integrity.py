@@ -28,7 +28,8 @@ def test_patch_cut_between_hunks_is_damaged(env: Env) -> None:
     assert damage.expected == patch.files[0].new_blob
     text = damage.describe()
     assert "truncated-between-hunks.patch: python/sglang/srt/server_args.py: damaged" in text
-    assert damage.actual in text and patch.files[0].new_blob in text  # both blob ids
+    actual, expected = damage.actual, patch.files[0].new_blob
+    assert actual and expected and actual in text and expected in text  # both blob ids
     assert "damaged or was edited by hand" in text
 
 

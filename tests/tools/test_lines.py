@@ -40,6 +40,7 @@ def proj(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (root / "series").write_text("")
     (root / "tests/patches").mkdir(parents=True)
     (root / "tests/patches/test_x.py").write_text("def test_x():\n    pass\n")
+    (root / "tests/patches/cpu_harness.py").write_text("# shared by every line\n")
     monkeypatch.setenv("SGLANG_REPO", str(up))
     assert tool(root, "--ref", "v1.0.0", "apply") == 0
     commit_in_tree(
@@ -62,6 +63,7 @@ def test_new_line_ports_a_copy_and_leaves_the_default_line(proj: Path, capsys: p
     patch = (line / "patches/knob.patch").read_text()
     assert " lines/v2.0.0/tests/patches/test_x.py::test_x" in patch, "the copy tests with its own copy"
     assert (line / "tests/patches/test_x.py").is_file()
+    assert not (line / "tests/patches/cpu_harness.py").exists(), "a copy would shadow the shared harness"
     assert snapshot(proj) == before
     assert json.loads((proj / "sglang.lock").read_text())["ref"] == "v1.0.0"
 
@@ -74,8 +76,8 @@ def test_new_line_ports_a_copy_and_leaves_the_default_line(proj: Path, capsys: p
     out = capsys.readouterr()
     assert "2 line(s)" in out.out and "== line lines/v2.0.0" in out.err
     assert tool(proj, "status") == 0
-    out = capsys.readouterr().out
-    assert "### line ." in out and "### line lines/v2.0.0" in out and "| patch | v2.0.0 (pinned) |" in out
+    status = capsys.readouterr().out
+    assert "### line ." in status and "### line lines/v2.0.0" in status and "| patch | v2.0.0 (pinned) |" in status
 
 
 def test_a_line_made_from_another_line(proj: Path) -> None:

@@ -42,7 +42,8 @@ def test_crlf_content_is_kept() -> None:
 
 def test_rename_create_delete() -> None:
     (fp,) = read_patch(DATA / "rename.patch").files
-    assert fp.is_rename and fp.source.endswith("old_name.py") and fp.target.endswith("new_name.py")
+    assert fp.is_rename and fp.source and fp.target
+    assert fp.source.endswith("old_name.py") and fp.target.endswith("new_name.py")
     files = {(f.source, f.target) for f in read_patch(DATA / "create-delete.patch").files}
     assert ("python/sglang/srt/delete_me.py", None) in files
     assert (None, "python/sglang/srt/created.py") in files

@@ -170,7 +170,8 @@ def test_cached_archive_replaced_disagrees_with_lock(
     shutil.rmtree(proj / "build")
     cached = proj / ".cache/sglang/archives/sglang-1.0.0.tar.gz"
     cached.write_bytes(cached.read_bytes()[:100])  # truncated download / disk corruption
-    (proj / ".cache/sglang/repo").exists() and shutil.rmtree(proj / ".cache/sglang/repo")
+    if (proj / ".cache/sglang/repo").exists():
+        shutil.rmtree(proj / ".cache/sglang/repo")
     assert tool(proj, "apply") == 1
     err = capsys.readouterr().err
     assert "cached archive" in err and "if the archive is corrupt or was replaced, delete it and run again" in err
