@@ -8,8 +8,12 @@ release line (lines/<ref>/tests/patches), it finds the project root from where i
 import sys
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).resolve().parent
-SHARED = next(p / "tests" / "patches" for p in HERE.parents if (p / "tests/patches/cpu_harness.py").is_file())
+SHARED = next((p / "tests" / "patches" for p in HERE.parents if (p / "tests/patches/cpu_harness.py").is_file()), None)
+if SHARED is None:
+    raise pytest.UsageError(f"{HERE} is not inside the project: no tests/patches/cpu_harness.py in a folder above it")
 sys.path.append(str(SHARED))
 
 import cpu_harness  # noqa: E402
