@@ -19,4 +19,4 @@ sys.path.append(str(SHARED))
 import cpu_harness  # noqa: E402
 from cpu_harness import imported_sglang_is_the_tree, pytest_report_header  # noqa: E402, F401
 
-SGLANG_TREE = cpu_harness.set_up(HERE)
+cpu_harness.set_up(HERE)
