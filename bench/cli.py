@@ -3,7 +3,7 @@
 python -m bench [--quick] [--configs nospec,spec,switch-v1,switch-v2] [--out DIR] ...
 python -m bench report RESULTS.json|DIR [...] [--out DIR] [--logs DIR]
                                                # merge runs, redo table/plot/recommendation
-python -m bench fixtures [...]                              # build the test models (bench.fixtures)
+python -m bench fixtures [...]                              # build the test models (bench.models.fixtures)
 """
 
 from __future__ import annotations
@@ -17,9 +17,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench import client, fixtures, profile, report, report_cli
-from bench.analysis import hysteresis
-from bench.arguments import FULL_LEVELS, QUICK_LEVELS, parse
 from bench.configs import (
     BASELINE_NOSPEC,
     BASELINE_SPEC,
@@ -30,10 +27,12 @@ from bench.configs import (
     write_off_above_tiers,
 )
 from bench.errors import BenchError, BenchUsageError
-from bench.fixtures import FixtureError
-from bench.logparse import captured_graph_sets, parse_log, parse_metrics, parse_threshold
-from bench.releases import configs_for_tree, recommended_flags
-from bench.results import (
+from bench.models import fixtures
+from bench.models.fixtures import FixtureError
+from bench.results import profile, report, report_cli
+from bench.results.analysis import hysteresis
+from bench.results.logparse import captured_graph_sets, parse_log, parse_metrics, parse_threshold
+from bench.results.records import (
     Analysis,
     ConfigRecord,
     LevelRecord,
@@ -43,7 +42,10 @@ from bench.results import (
     SwitchCounters,
     read_results,
 )
-from bench.server import (
+from bench.run import client
+from bench.run.arguments import FULL_LEVELS, QUICK_LEVELS, parse
+from bench.run.releases import configs_for_tree, recommended_flags
+from bench.run.server import (
     PROJECT_ROOT,
     Server,
     ServerError,
@@ -433,11 +435,11 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] == "report":
             return report_cli.main(argv[1:])
         if argv and argv[0] == "boundaries":
-            from bench import boundaries
+            from bench.results import boundaries
 
             return boundaries.main(argv[1:])
         if argv and argv[0] == "fixtures":
-            from bench import fixtures
+            from bench.models import fixtures
 
             return fixtures.main(argv[1:])
         return run(argv)

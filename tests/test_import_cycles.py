@@ -30,12 +30,19 @@ def module_imports(path: Path, package: str) -> set[str]:
     return found
 
 
+def module_name(root: Path, path: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def import_graph(root: Path) -> dict[str, set[str]]:
-    modules = {f"{pkg}.{f.stem}": f for pkg in PACKAGES for f in sorted((root / pkg).glob("*.py"))}
-    return {
-        name: {m for m in module_imports(path, name.split(".")[0]) if m in modules and m != name}
-        for name, path in modules.items()
-    }
+    """Every module of the packages and their subpackages, with the project modules it imports."""
+    modules = {module_name(root, f): f for pkg in PACKAGES for f in sorted((root / pkg).rglob("*.py"))}
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        graph[name] = {m for m in module_imports(path, package) if m in modules and m != name}
+    return graph
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -92,3 +99,13 @@ def test_a_cycle_inside_a_function_or_for_types_is_found(
     (tmp_path / "pkga" / "c.py").write_text("import pkga.b\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGES", ("pkga",))
     assert cycles(import_graph(tmp_path)) == [["pkga.a", "pkga.b"]]
+
+
+def test_a_cycle_between_subpackages_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for sub in ("run", "results"):
+        (tmp_path / "pkga" / sub).mkdir(parents=True)
+        (tmp_path / "pkga" / sub / "__init__.py").write_text("")
+    (tmp_path / "pkga" / "run" / "server.py").write_text("from pkga.results import records\n")
+    (tmp_path / "pkga" / "results" / "records.py").write_text("from .. import run\nfrom pkga.run.server import X\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGES", ("pkga",))
+    assert cycles(import_graph(tmp_path)) == [["pkga.results.records", "pkga.run.server"]]

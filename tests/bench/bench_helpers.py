@@ -10,10 +10,12 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.results import ConfigRecord, LevelRecord, RunResults, SwitchCounters  # noqa: E402
+from bench.results.records import ConfigRecord, LevelRecord, RunResults, SwitchCounters  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-FAKE_TREE = Path(__file__).parent / "data" / "fake_tree"
+# Recorded logs, results and a stand-in tree, shared by the tests of every subpackage.
+DATA = Path(__file__).parent / "data"
+FAKE_TREE = DATA / "fake_tree"
 LEVELS = [1, 2, 5, 10, 30, 70, 100, 250]
 # anchors.md section 1: the user's 8x RTX PRO 6000 box, Kimi-K2.5, SGLang 0.5.9 (tok/s)
 USER_SPEC = dict(zip(LEVELS, [77.5, 125.1, 183.2, 239.6, 299.5, 337.7, 338.8, 340.9], strict=False))
@@ -58,7 +60,7 @@ def user_results() -> RunResults:
 
 
 def stepwise_greedy_margin(model: Any, row: list[int], new_tokens: int) -> float:
-    """A reference for bench.tie_free: one prompt, no padding and no KV cache, the whole sequence
+    """A reference for bench.models.tie_free: one prompt, no padding and no KV cache, the whole sequence
     recomputed at every step; the least lead of the greedy token over the runner-up, in nats."""
     import torch
 

@@ -14,9 +14,9 @@ from bench_helpers import levels
 
 from bench import cli
 from bench.configs import CONFIGS, off_above_tiers, parse_configs
-from bench.report import analyse
-from bench.results import ConfigRecord, RunResults
-from bench.server import missing_server_args
+from bench.results.records import ConfigRecord, RunResults
+from bench.results.report import analyse
+from bench.run.server import missing_server_args
 
 ROOT = Path(__file__).resolve().parents[2]
 UPSTREAM_ADAPTIVE = (

@@ -88,7 +88,7 @@ def test_switch_thresholds_from_this_run(tmp_path: Path) -> None:
 
 
 def test_server_failure_is_reported_with_log(tmp_path: Path) -> None:
-    from bench.server import Server, ServerError, ServerSpec
+    from bench.run.server import Server, ServerError, ServerSpec
 
     spec = ServerSpec("/m", flags=["--port-is-overridden"], env={"PYTHONPATH": "/nonexistent"})
     srv = Server(spec, tmp_path / "s.log", tmp_path)  # tree without python/sglang: import fails

@@ -84,7 +84,7 @@ def test_help_names_every_target_and_variable() -> None:
 
 
 def test_one_place_decides_a_lines_tree() -> None:
-    from bench.server import line_tree
+    from bench.run.server import line_tree
 
     told = subprocess.run(
         [sys.executable, "-m", "tools", "--ref", "v0.5.15", "tree"],

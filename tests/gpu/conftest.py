@@ -67,7 +67,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 def _tree_without_switch() -> str | None:
     """The reason to skip switch tests: the tree is there and carries no switch (None otherwise)."""
-    from bench.server import TreeError, resolve_tree, tree_has_switch
+    from bench.run.server import TreeError, resolve_tree, tree_has_switch
 
     try:
         tree = resolve_tree()
@@ -96,7 +96,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def sgl_tree() -> Path:
-    from bench.server import TreeError, check_tree, resolve_tree
+    from bench.run.server import TreeError, check_tree, resolve_tree
 
     try:
         tree = resolve_tree()

@@ -17,10 +17,10 @@ from typing import Any, Callable
 
 import pytest
 
-from bench import client
 from bench.configs import EAGLE_V1, EAGLE_V2, V2_ENV
-from bench.logparse import Counters, parse_log, parse_metrics
-from bench.server import Server, ServerSpec, base_flags, cuda_graph_max_bs_flag, resolve_tree
+from bench.results.logparse import Counters, parse_log, parse_metrics
+from bench.run import client
+from bench.run.server import Server, ServerSpec, base_flags, cuda_graph_max_bs_flag, resolve_tree
 
 RAMP = [1, 2, 5, 10, 30, 70, 100, 250, 10, 1]
 NEW_TOKENS = int(os.environ.get("SGL_TEST_NEW_TOKENS", "32"))
@@ -64,7 +64,7 @@ class FixtureSets:
         self._sets: dict[str, Any] = {}
 
     def get(self, preset: str) -> Any:
-        from bench import fixtures
+        from bench.models import fixtures
 
         if preset not in self._sets:
             fx = fixtures.generate(fixtures.PRESETS[preset])

@@ -16,9 +16,9 @@ from typing import Any
 
 import requests
 
-from bench import client
-from bench.logparse import parse_log
-from bench.server import Server, ServerSpec
+from bench.results.logparse import parse_log
+from bench.run import client
+from bench.run.server import Server, ServerSpec
 
 import gpu_harness as H
 

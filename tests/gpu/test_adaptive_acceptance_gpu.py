@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from bench.configs import SKIP_ZERO_STEP_DRAFT_EXTEND, ZERO_STEP_PLAIN_DECODE, write_off_above_tiers
-from bench.server import ServerSpec, missing_environ, missing_server_args
+from bench.run.server import ServerSpec, missing_environ, missing_server_args
 
 import gpu_harness as H
 import reenable as R

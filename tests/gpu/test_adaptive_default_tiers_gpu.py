@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bench.server import missing_server_args
+from bench.run.server import missing_server_args
 
 import gpu_harness as H
 from gpu_harness import SUMMARY

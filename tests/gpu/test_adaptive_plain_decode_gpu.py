@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from bench.configs import ZERO_STEP_PLAIN_DECODE, write_off_above_tiers
-from bench.server import missing_environ
+from bench.run.server import missing_environ
 
 import gpu_harness as H
 from gpu_harness import SUMMARY

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bench import client
+from bench.run import client
 
 import gpu_harness as H
 from gpu_harness import SUMMARY

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bench import fixtures
+from bench.models import fixtures
 
 pytestmark = pytest.mark.cpu_fixture
 SMALL = fixtures.FixtureParams(hidden=64, layers=8, heads=4, kv_heads=2, intermediate=128, vocab=512, max_positions=512)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bench.client import Result
+from bench.run.client import Result
 
 import gpu_harness as H
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from bench.configs import ZERO_STEP_PLAIN_DECODE, write_off_above_tiers
-from bench.server import missing_environ, missing_server_args, tree_has_switch
+from bench.run.server import missing_environ, missing_server_args, tree_has_switch
 
 import gpu_harness as H
 from gpu_harness import SUMMARY

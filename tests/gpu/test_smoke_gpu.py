@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bench.server import server_env
+from bench.run.server import server_env
 
 import gpu_harness as H
 from gpu_harness import SUMMARY

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from bench import client
-from bench.logparse import parse_threshold
-from bench.server import Server, missing_server_args
+from bench.results.logparse import parse_threshold
+from bench.run import client
+from bench.run.server import Server, missing_server_args
 
 import gpu_harness as H
 from gpu_harness import SUMMARY

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bench.logparse import captured_graph_sets
+from bench.results.logparse import captured_graph_sets
 
 import gpu_harness as H
 from gpu_harness import SUMMARY
@@ -63,7 +63,7 @@ TRAINED_CASES = [pytest.param(w, "trained", id=f"{w}-trained") for w in ("v1", "
 # float32 (H.pair_flags): a divergence should be rare (English prompts and float16 logits: 5 of 479
 # flipped, at exact logit ties), and each must still be a near-tie. With float32 logits 4-5 of 479
 # code prompts still flipped, 5e-5 to 4e-4 nats from a tie, so the set keeps the prompts whose
-# greedy path is furthest from one (bench.tie_free).
+# greedy path is furthest from one (bench.models.tie_free).
 TRAINED_FLOOR = 0.99
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from bench import fixtures
-from bench.trained_params import TrainedParams
+from bench.models import fixtures
+from bench.models.trained_params import TrainedParams
 
 import gpu_harness as H
 from gpu_harness import SUMMARY

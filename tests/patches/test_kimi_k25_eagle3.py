@@ -106,10 +106,10 @@ def test_clear_error_when_language_model_lacks_hook(name, args):
     assert "EAGLE-3" in message
 
 
-# The project's Kimi-K2.5-shaped fixture (bench/kimi_fixture.py) at a small width; MLA sizes are
+# The project's Kimi-K2.5-shaped fixture (bench/models/kimi_fixture.py) at a small width; MLA sizes are
 # DeepSeek-V3's, as on the GPU.
 def _small_kimi_params():
-    from bench.kimi_fixture import KimiParams
+    from bench.models.kimi_fixture import KimiParams
 
     return KimiParams(
         hidden=256,
@@ -158,7 +158,7 @@ def _built_kimi(target, monkeypatch):
 def test_fixture_checkpoint_loads_into_the_real_model_and_its_hooks(tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
-    from bench import fixtures
+    from bench.models import fixtures
 
     fx = fixtures.generate(_small_kimi_params(), tmp_path, quiet=True)
     target, draft = fx.pair("kimi-exact")

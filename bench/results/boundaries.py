@@ -1,0 +1,152 @@
+"""Where a level's time went between its full-batch decode steps, from a server's own log.
+
+`python -m bench boundaries RUN [--logs DIR|TGZ]` reads a run's results.json and its servers' logs
+(a folder, or the packed .tgz the GPU machine's script sends back) and prints, per
+config and level: the steady decode intervals at a batch of C (the level's step cost), the
+intervals that follow a prefill at that batch (which hold the wave boundaries), the decode lines
+at smaller batches (a wave that filled slowly), the prefill batches with their new and cached
+tokens, and the switch's turns. It is the decomposition docs/measurements.md did by hand for the
+levels that missed. SGLang logs a decode line every `--decode-log-interval` steps (40 by default),
+so an interval's seconds are steps x C / its `gen throughput`; for an interval that holds a wave
+boundary this overstates the time, as some of its steps ran at a smaller batch, alike on every
+server of the run.
+
+The bench flushes the server's cache before each level, and the server logs each flush: the log
+between two flushes is one level (the warm-up before the first is dropped, and so is the first
+level's first decode line). A profile after the levels is cut off where the server starts its
+profiler, which leaves the start of a full-batch profile's wave in the last level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.errors import BenchUsageError
+from bench.results.logparse import before_profile, parse_log
+from bench.results.records import read_results
+
+FLUSHED = "Cache flushed successfully"
+_PREFILL = re.compile(r"Prefill batch\b.*?#new-token:\s*(?P<new>\d+),\s*#cached-token:\s*(?P<cached>\d+)")
+
+
+@dataclass(frozen=True)
+class LevelLog:
+    """One level's part of a server log (rank 0)."""
+
+    concurrency: int
+    steady_s: tuple[float, ...]  # steady decode intervals at bs = C, seconds each
+    after_prefill_s: tuple[float, ...]  # intervals at bs = C that follow a prefill
+    smaller_batches: tuple[int, ...]  # batch sizes of the decode lines below C
+    prefills: int
+    new_tokens: int
+    cached_tokens: int
+    turns: tuple[tuple[str, int], ...]  # the switch's ("ON"|"OFF", batch size), in order
+
+
+def level_parts(text: str, count: int) -> list[str]:
+    """The log's part for each of `count` levels: what follows each of the first `count` flushes.
+
+    A run cut off inside a level (the device's time limit) flushed once more than it recorded levels:
+    that last part belongs to no level of results.json."""
+    parts = text.split(FLUSHED)[1:]
+    if len(parts) < count:
+        raise BenchUsageError(f"the server log holds {len(parts)} cache flushes, not one per level ({count})")
+    return [before_profile(part) for part in parts[:count]]
+
+
+def level_log(part: str, concurrency: int, steps_per_line: int, first: bool = False) -> LevelLog:
+    """first: the run's first level, whose first decode line's interval reaches back to the server's
+    start or into the warm-up's short waves; a later level's first interval holds only the end of
+    the level before it, as any wave boundary does."""
+    rank0 = parse_log(part).get(0)
+    decode = rank0.decode[1 if first else 0 :] if rank0 else []
+    # (seconds of the interval, whether it held decode steps only) of each line at bs = C
+    at_c = [
+        (steps_per_line * concurrency / d.gen_tok_per_s, d.steady)
+        for d in decode
+        if d.batch_size == concurrency and d.gen_tok_per_s
+    ]
+    prefills = [m for m in map(_PREFILL.search, part.splitlines()) if m]
+    return LevelLog(
+        concurrency=concurrency,
+        steady_s=tuple(s for s, steady in at_c if steady),
+        after_prefill_s=tuple(s for s, steady in at_c if not steady),
+        smaller_batches=tuple(d.batch_size for d in decode if d.batch_size < concurrency),
+        prefills=len(prefills),
+        new_tokens=sum(int(m.group("new")) for m in prefills),
+        cached_tokens=sum(int(m.group("cached")) for m in prefills),
+        turns=tuple(rank0.events) if rank0 else (),
+    )
+
+
+def markdown(config: str, levels: list[LevelLog], steps_per_line: int) -> list[str]:
+    out = [
+        f"`{config}`:",
+        "",
+        f"| C | steady {steps_per_line}-step intervals at bs = C: n, median s | after a prefill, s | "
+        "decode lines below C (least bs) | prefill batches: n, new / cached tokens | switch turns |",
+        "|---|---|---|---|---|---|",
+    ]
+    for lv in levels:
+        steady = f"{len(lv.steady_s)}, {statistics.median(lv.steady_s):.4f}" if lv.steady_s else "0"
+        after = ", ".join(f"{s:.3f}" for s in lv.after_prefill_s)
+        smaller = f"{len(lv.smaller_batches)} ({min(lv.smaller_batches)})" if lv.smaller_batches else "0"
+        turns = ", ".join(f"{d} at {bs}" for d, bs in lv.turns)
+        out.append(
+            f"| {lv.concurrency} | {steady} | {after} | {smaller} | "
+            f"{lv.prefills}, {lv.new_tokens} / {lv.cached_tokens} | {turns} |"
+        )
+    return out + [""]
+
+
+def read_log(logs: Path, config: str) -> str:
+    """A config's server log from a folder of logs, or from a .tgz the device sent back packed."""
+    if logs.is_dir():
+        path = logs / f"{config}.log"
+        if not path.is_file():
+            raise BenchUsageError(f"no server log for {config} at {path} (give the folder with --logs)")
+        return path.read_text(errors="replace")
+    try:
+        with tarfile.open(logs) as tar:
+            names = [m for m in tar.getmembers() if m.isfile() and m.name.endswith(f"logs/{config}.log")]
+            member = tar.extractfile(names[0]) if len(names) == 1 else None
+            if member is None:
+                raise BenchUsageError(f"{logs} holds {len(names)} logs/{config}.log, not one")
+            return member.read().decode(errors="replace")
+    except (OSError, tarfile.TarError) as e:
+        raise BenchUsageError(f"--logs {logs}: neither a folder of logs nor a readable .tgz ({e})") from None
+
+
+def main(argv: list[str]) -> int:
+    """`python -m bench boundaries`; errors go to bench.cli.main, which maps them to exit codes."""
+    ap = argparse.ArgumentParser(prog="python -m bench boundaries", description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", type=Path, help="a run's folder (results.json) or its results.json")
+    ap.add_argument(
+        "--logs",
+        type=Path,
+        default=None,
+        help="the servers' logs (<config>.log), a folder or the .tgz the device sent back; default RUN/logs",
+    )
+    ap.add_argument("--decode-log-interval", type=int, default=40, help="the servers' (default %(default)s)")
+    args = ap.parse_args(argv)
+    path = args.run / "results.json" if args.run.is_dir() else args.run
+    logs = args.logs or path.parent / "logs"
+    if not path.is_file():
+        raise BenchUsageError(f"boundaries: no results at {path}")
+    run, _ = read_results(path)
+    out: list[str] = []
+    for name, config in run.configs.items():
+        levels = [lv.concurrency for lv in config.levels]
+        parts = level_parts(read_log(logs, name), len(levels))
+        logs_by_level = [
+            level_log(p, c, args.decode_log_interval, first=i == 0)
+            for i, (p, c) in enumerate(zip(parts, levels, strict=True))
+        ]
+        out += markdown(name, logs_by_level, args.decode_log_interval)
+    print("\n".join(out))
+    return 0

@@ -1,0 +1,48 @@
+"""What a learning switch (`--speculative-disable-batch-size auto`) settled on, beside the crossover
+the run measured between its references.
+
+The switch learns from its own step costs, so the crossover to compare it with is the decode-step
+one (each level's steady decode rate, no prefill in the interval); the output-rate crossover, which
+also holds each wave's start, is shown beside it.
+"""
+
+from __future__ import annotations
+
+from bench.configs import BASELINE_NOSPEC, declared_references
+from bench.results.analysis import Recommendation, recommend, series
+from bench.results.records import ConfigRecord, RateKey, RunResults
+
+
+def learned_lines(run: RunResults) -> list[str]:
+    """One line per config whose levels recorded a learned threshold."""
+    out = []
+    for name, cfg in run.configs.items():
+        learned = [(lv.concurrency, lv.switch_threshold) for lv in cfg.levels if lv.switch_threshold is not None]
+        if not learned:
+            continue
+        cells = ", ".join(f"C={c}: {t}" for c, t in learned)
+        out.append(f"- `{name}` learned threshold at the end of each level: {cells}; " + _crossovers(run, name, cfg))
+    return out + [""] if out else []
+
+
+def _crossovers(run: RunResults, name: str, cfg: ConfigRecord) -> str:
+    nospec = run.configs.get(BASELINE_NOSPEC)
+    spec = next((r for r in declared_references(name, cfg.compare_to) if r != BASELINE_NOSPEC), None)
+    if nospec is None or spec is None or spec not in run.configs:
+        return "no nospec and always-speculating reference in this run to compare with."
+    keys: tuple[tuple[str, RateKey], ...] = (("decode step", "decode_tok_per_s"), ("output", "tok_per_s"))
+    found = [
+        f"{label} {_crossover_text(recommend(series(nospec.levels, key), series(run.configs[spec].levels, key)))}"
+        for label, key in keys
+    ]
+    return f"the run's crossover of `{spec}` and `nospec`: " + ", ".join(found) + "."
+
+
+def _crossover_text(rec: Recommendation) -> str:
+    if rec.kind == "crossover" and rec.crossover is not None:
+        return f"C~{rec.crossover:.1f}"
+    return {
+        "always": "none (speculation wins at every level)",
+        "never": "below the lowest level",
+        "insufficient": "not measured",
+    }.get(rec.kind, rec.kind)

@@ -1,0 +1,198 @@
+"""The benchmark's command line: `python -m bench [options]` (bench.cli runs it)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bench.configs import CONFIGS, DEFAULT_CONFIGS, DEFAULT_PLAIN_CONFIGS, DEFAULT_UPSTREAM_CONFIGS
+from bench.models import fixtures
+from bench.results.profile import ProfileWindow
+from bench.run import client
+
+FULL_LEVELS = [1, 2, 5, 10, 30, 70, 100, 250]
+QUICK_LEVELS = [1, 2, 10, 30, 100, 250]
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError("concurrency levels must be >= 1")
+    return out
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _thresholds(text: str) -> tuple[int, int]:
+    try:
+        n, m = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected N,M (disable above N, enable at <= M)") from None
+    if m > n or n < 0 or m < 0:
+        raise argparse.ArgumentTypeError("need 0 <= M <= N")
+    return n, m
+
+
+def _add_model_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", default=None, help="target model path (default: the generated fixture target)")
+    ap.add_argument("--draft-model", default=None, help="EAGLE-3 draft path (default: the fixture draft)")
+    ap.add_argument(
+        "--fixture-pair",
+        choices=["exact", "random", "trained", "trained-gpu-bound", "kimi-exact", "kimi-random"],
+        default=None,
+        help="fixture models when --model is not given (default: the preset's own; exact: near-100%% "
+        "acceptance, random: near 0, trained: a trained target and draft)",
+    )
+    ap.add_argument(
+        "--fixture-preset",
+        choices=sorted(fixtures.PRESETS),
+        default="tiny",
+        help="fixture models when --model is not given: tiny (H=512, 8 layers; the server's CPU work "
+        "dominates a step), gpu-bound (Llama-3-8B shape, drawn on the GPU, exact pair only), "
+        "gpu-bound-deep (the same with 64 layers: the draft half as large next to it), trained "
+        "(a target trained on a code corpus with a trained EAGLE-3 draft; made on the GPU in a few "
+        "minutes), trained-gpu-bound (its trained layers followed by pass-through layers: an 8B "
+        "model's step cost, the same outputs) or kimi (Kimi-K2.5's architecture, tiny: MLA and MoE "
+        "under the KimiK25 wrapper; pick the MLA backend with --extra-flags)",
+    )
+
+
+def _add_profile_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--profile-at",
+        type=_levels,
+        default=None,
+        help="after each config's levels, profile PROFILE_STEPS decode steps of one wave at each of "
+        "these concurrencies (comma-separated; SGLang's /start_profile) and report GPU idle "
+        "time and the top CPU ops",
+    )
+    ap.add_argument("--profile-steps", type=_positive, default=40, help="steps to profile (default %(default)s)")
+    ap.add_argument(
+        "--profile-window",
+        choices=[w.value for w in ProfileWindow],
+        default=ProfileWindow.FULL_BATCH.value,
+        help="full-batch: decode steps once the wave's batch is full (default); wave-start: the "
+        "wave's first steps, its prefill batches included (where a level's wave boundaries go)",
+    )
+    ap.add_argument("--keep-traces", action="store_true", help="keep the profiler traces (OUT/profiles; large)")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Concurrency sweep: no-spec vs EAGLE-3 vs the switch.",
+        epilog="configs: " + "; ".join(f"{c.name}: {c.help}" for c in CONFIGS.values()),
+    )
+    ap.add_argument(
+        "--configs",
+        default=None,
+        help=f"comma-separated (default {','.join(DEFAULT_CONFIGS)}; on a tree without the switch "
+        f"{','.join(DEFAULT_UPSTREAM_CONFIGS)}, without --speculative-adaptive either "
+        f"{','.join(DEFAULT_PLAIN_CONFIGS)})",
+    )
+    ap.add_argument(
+        "--concurrency", type=_levels, default=None, help=f"levels (default {FULL_LEVELS}; --quick {QUICK_LEVELS})"
+    )
+    ap.add_argument(
+        "--num-requests",
+        type=_positive,
+        default=None,
+        help="requests per level, at least WAVES x the level (default 30; --quick 10)",
+    )
+    ap.add_argument(
+        "--waves",
+        type=_positive,
+        default=None,
+        help="each level sends at least WAVES x concurrency requests (default 3; --quick 1): a level "
+        "of one wave at high concurrency lasts about a second and is noise",
+    )
+    ap.add_argument(
+        "--repeat",
+        metavar="CONFIG",
+        default=None,
+        help="serve CONFIG (one of --configs) once more at the end of the run, as CONFIG-again, and "
+        "report its second/first ratio per level: the run-to-run noise a comparison within the run "
+        "must beat",
+    )
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="default 512 (--quick 128)")
+    ap.add_argument(
+        "--freeze-gc",
+        action="store_true",
+        help="after each server's warm-up, freeze its garbage collector (SGLang's /freeze_gc, as for production serving), so that no full collection over the start-up objects pauses a measured level; every config alike",
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="fewer levels, requests and tokens (fits a 10-minute device call)"
+    )
+    ap.add_argument(
+        "--prompts",
+        type=Path,
+        default=None,
+        help=f"prompt file (.jsonl/.json/.txt; default {client.DEFAULT_PROMPTS.name})",
+    )
+    ap.add_argument("--chat-template", action="store_true", help="wrap prompts with the model's chat template")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--extra-flags", default="", help="extra server flags for every config (one string)")
+    ap.add_argument(
+        "--max-running-requests",
+        type=int,
+        default=256,
+        help="passed to every config (SGLang caps speculative servers at 48 otherwise)",
+    )
+    ap.add_argument(
+        "--switch-thresholds",
+        type=_thresholds,
+        default=None,
+        help="N,M for the switch configs (default: recommended from this run's nospec/spec sweeps)",
+    )
+    ap.add_argument("--thresholds-from", type=Path, default=None, help="results.json whose recommendation to use")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument(
+        "--no-ignore-eos", action="store_true", help="stop at EOS (default: always generate max-new-tokens)"
+    )
+    ap.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        help="seconds; start no new config after this, or one that could not finish in what is left "
+        "at the pace of the fastest config so far",
+    )
+    ap.add_argument("--startup-timeout", type=float, default=900.0)
+    _add_model_args(ap)
+    _add_profile_args(ap)
+    ap.add_argument("--out", type=Path, default=None, help="default build/bench/<timestamp>")
+    ap.add_argument(
+        "--ref",
+        default=None,
+        help="the release line to benchmark, as make's SGLANG_REF (default: the pinned one, v0.5.9)",
+    )
+    ap.add_argument(
+        "--tree", default=None, help="patched SGLang tree (default $SGLANG_TREE, else the tree of --ref's line)"
+    )
+    return ap
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The benchmark's arguments. `--extra-flags VALUE` keeps VALUE even when it is one server flag
+    such as `--disable-piecewise-cuda-graph`, which argparse would otherwise read as an option of
+    the benchmark's own and refuse ("expected one argument")."""
+    return parser().parse_args(_bind_extra_flags(argv))
+
+
+def _bind_extra_flags(argv: list[str]) -> list[str]:
+    bound: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        value = next(args, None) if arg == "--extra-flags" else None
+        bound.append(arg if value is None else f"{arg}={value}")
+    return bound

@@ -1,0 +1,95 @@
+"""`python -m bench boundaries` on a real run's server logs (docs/bench/sweep-trained-gpu-bound)."""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from bench.cli import main  # noqa: E402
+from bench.results import boundaries, logparse  # noqa: E402
+
+SWEEP = Path(__file__).resolve().parents[3] / "docs" / "bench" / "sweep-trained-gpu-bound"
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Path:
+    """The sweep's results.json with its servers' logs unpacked beside it, as a bench run leaves them."""
+    shutil.copy(SWEEP / "results.json", tmp_path)
+    with tarfile.open(SWEEP / "bench-logs.tgz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    return tmp_path
+
+
+def test_the_levels_missed_decompose_as_measured_by_hand(sweep: Path) -> None:
+    levels = [70, 250]
+    by_config = {}
+    for name in ("nospec", "switch-v2"):
+        text = (sweep / "logs" / f"{name}.log").read_text(errors="replace")
+        parts = boundaries.level_parts(text, 8)  # levels 1, 2, 5, 10, 30, 70, 100, 250
+        parts = [parts[5], parts[7]]
+        by_config[name] = [boundaries.level_log(p, c, 40) for p, c in zip(parts, levels, strict=True)]
+    # docs/measurements.md, 2026-12-02 (GPU): the median 40-step interval and the wave-boundary intervals
+    nospec70, nospec250 = by_config["nospec"]
+    switch70, switch250 = by_config["switch-v2"]
+    assert statistics.median(nospec70.steady_s) == pytest.approx(0.2232, abs=5e-5)
+    assert statistics.median(switch70.steady_s) == pytest.approx(0.2254, abs=5e-5)
+    assert nospec70.after_prefill_s == pytest.approx((0.445, 0.439, 0.462), abs=5e-4)
+    assert switch250.after_prefill_s == pytest.approx((0.989, 0.688, 0.437), abs=5e-4)
+    assert nospec250.after_prefill_s == pytest.approx((0.935, 0.593, 0.449, 0.462), abs=5e-4)
+    # C=70 held no switch; at C=250 speculation went on at a trough and off again
+    assert switch70.turns == () and switch250.turns == (("ON", 1), ("OFF", 23))
+    assert min(switch250.smaller_batches) == 23 and not switch70.smaller_batches
+    assert (nospec70.prefills, nospec70.new_tokens, nospec70.cached_tokens) == (17, 2360, 8280)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["folder", "tgz"])
+def test_the_command_prints_a_table_per_config(sweep: Path, packed: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["boundaries", str(SWEEP), "--logs", str(SWEEP / "bench-logs.tgz")] if packed else ["boundaries", str(sweep)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith("`")] == ["`nospec`:", "`spec-v2`:", "`switch-v2`:"]
+    assert "| 250 | 8, 0.3541 | 0.989, 0.688, 0.437 | 14 (23) | 45, 5672 / 33163 | ON at 1, OFF at 23 |" in out
+
+
+def test_a_log_that_does_not_cover_the_levels_is_refused(sweep: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = sweep / "logs" / "spec-v2.log"
+    log.write_text(log.read_text(errors="replace").split(boundaries.FLUSHED)[0])
+    assert main(["boundaries", str(sweep)]) == 2
+    assert "holds 0 cache flushes, not one per level (8)" in capsys.readouterr().err
+    log.unlink()
+    assert main(["boundaries", str(sweep / "results.json")]) == 2
+    assert f"no server log for spec-v2 at {log}" in capsys.readouterr().err
+    packed = sweep / "other.tgz"
+    with tarfile.open(packed, "w:gz") as tar:
+        tar.add(sweep / "logs" / "switch-v2.log", "bench-0/logs/switch-v2.log")
+    assert main(["boundaries", str(sweep), "--logs", str(packed)]) == 2
+    assert f"{packed} holds 0 logs/nospec.log, not one" in capsys.readouterr().err
+
+
+def test_a_profile_after_the_levels_is_left_out(tmp_path: Path) -> None:
+    # docs/bench/wave-start-c70: one level of C=70, then a wave-start profile of another wave
+    with tarfile.open(SWEEP.parent / "wave-start-c70" / "logs.tgz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    text = (tmp_path / "bench-0" / "logs" / "switch-v2.log").read_text(errors="replace")
+    (part,) = boundaries.level_parts(text, 1)
+    assert logparse.PROFILING in text and logparse.PROFILING not in part
+    level = boundaries.level_log(part, 70, 40, first=True)
+    # the four turns of the level's counters (results.json: 4 switches), the profile's wave's none
+    assert level.turns == (("ON", 1), ("OFF", 70), ("ON", 1), ("OFF", 70))
+    assert level.smaller_batches and min(level.smaller_batches) == 1
+
+
+def test_a_run_cut_inside_a_level_keeps_its_recorded_levels(sweep: Path) -> None:
+    # The device's time limit stops a run inside a level: its server flushed for that level, which
+    # results.json never records, so the recorded levels are the first flushes', not the last.
+    text = (sweep / "logs" / "switch-v2.log").read_text(errors="replace")
+    parts = text.split(boundaries.FLUSHED)
+    cut = boundaries.FLUSHED.join(parts[:6]) + boundaries.FLUSHED + parts[6][:2000]
+    assert boundaries.level_parts(cut, 5) == boundaries.level_parts(text, 8)[:5]
