@@ -1,452 +1,99 @@
-"""`python -m bench`: throughput against concurrency for several server configurations.
+"""`python -m bench`: the benchmark's commands, and the one place its errors become exit codes.
 
-python -m bench [--quick] [--configs nospec,spec,switch-v1,switch-v2] [--out DIR] ...
+python -m bench [run] [--quick] [--configs nospec,spec,switch-v1,switch-v2] [--out DIR] ...
 python -m bench report RESULTS.json|DIR [...] [--out DIR] [--logs DIR]
                                                # merge runs, redo table/plot/recommendation
-python -m bench fixtures [...]                              # build the test models (bench.models.fixtures)
+python -m bench boundaries RUN [--logs DIR]    # what each level's wave boundaries cost
+python -m bench fixtures [--preset P] [...]    # build the test models, print their folder
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from bench.configs import (
-    BASELINE_NOSPEC,
-    BASELINE_SPEC,
-    Config,
-    num_steps,
-    parse_configs,
-    repeated,
-    write_off_above_tiers,
-)
 from bench.errors import BenchError, BenchUsageError
 from bench.models import fixtures
-from bench.models.fixtures import FixtureError
-from bench.results import profile, report, report_cli
-from bench.results.analysis import hysteresis
-from bench.results.logparse import captured_graph_sets, parse_log, parse_metrics, parse_threshold
-from bench.results.records import (
-    Analysis,
-    ConfigRecord,
-    LevelRecord,
-    ProfileRecord,
-    ResultsError,
-    RunResults,
-    SwitchCounters,
-    read_results,
-)
-from bench.run import client
-from bench.run.arguments import FULL_LEVELS, QUICK_LEVELS, parse
-from bench.run.releases import configs_for_tree, recommended_flags
-from bench.run.server import (
-    PROJECT_ROOT,
-    Server,
-    ServerError,
-    ServerSpec,
-    TreeError,
-    base_flags,
-    check_tree,
-    missing_environ,
-    missing_server_args,
-    resolve_tree,
-)
-
-
-def say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+from bench.results import boundaries, report_cli
+from bench.run import arguments, sweep
+from tools.logs import configure
 
 
 @dataclass(frozen=True)
-class RunSettings:
-    """What each config's sweep does, fixed once from the command line (the --quick defaults applied)."""
-
-    levels: tuple[int, ...]
-    num_requests: int  # per level, at least waves x the level
-    waves: int
-    max_new_tokens: int
-    temperature: float
-    ignore_eos: bool
-    tp: int
-    max_running_requests: int
-    extra_flags: str  # for every config's server, one string
-    switch_thresholds: tuple[int, int] | None  # N, M for the switch configs; None: from a recommendation
-    thresholds_from: Path | None  # results.json whose recommendation to use
-    profile_at: tuple[int, ...]  # profile one wave at each of these concurrencies after the levels
-    profile_steps: int
-    profile_window: profile.ProfileWindow
-    keep_traces: bool
-    freeze_gc: bool  # POST /freeze_gc after each server's warm-up
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> RunSettings:
-        quick = args.quick
-        return cls(
-            levels=tuple(args.concurrency or (QUICK_LEVELS if quick else FULL_LEVELS)),
-            num_requests=args.num_requests if args.num_requests is not None else (10 if quick else 30),
-            waves=args.waves if args.waves is not None else (1 if quick else 3),
-            max_new_tokens=args.max_new_tokens or (128 if quick else 512),
-            temperature=args.temperature,
-            ignore_eos=not args.no_ignore_eos,
-            tp=args.tp,
-            max_running_requests=args.max_running_requests,
-            extra_flags=args.extra_flags,
-            switch_thresholds=args.switch_thresholds,
-            thresholds_from=args.thresholds_from,
-            profile_at=tuple(args.profile_at or ()),
-            profile_steps=args.profile_steps,
-            profile_window=profile.ProfileWindow(args.profile_window),
-            keep_traces=args.keep_traces,
-            freeze_gc=args.freeze_gc,
-        )
-
-    @property
-    def sampling(self) -> dict[str, Any]:
-        return {"temperature": self.temperature, "max_new_tokens": self.max_new_tokens, "ignore_eos": self.ignore_eos}
+class Command:
+    help: str
+    description: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    epilog: str | None = None
 
 
-@dataclass(frozen=True)
-class RunTarget:
-    """What the configs' servers serve and are sent, and where the run writes."""
-
-    tree: Path
-    model: str
-    draft: str | None
-    prompts: tuple[str, ...]
-    out: Path
-    prompts_file: str  # where the prompts came from, for the run's meta
-
-    def prompts_for_level(self, n: int, offset: int = 0) -> list[str]:
-        return client.prompts_for_level(list(self.prompts), n, offset)
-
-
-def _switch_thresholds(cfg: Config, settings: RunSettings, results: RunResults) -> tuple[int, int]:
-    if settings.switch_thresholds:
-        return settings.switch_thresholds
-    src = read_results(settings.thresholds_from)[1] if settings.thresholds_from else report.analyse(results)
-    rec = src.recommendations.get(cfg.baseline) or src.recommendation
-    if not rec or rec.kind == "insufficient":
-        raise BenchError(
-            f"{cfg.name} needs thresholds: run {BASELINE_NOSPEC} and {cfg.baseline} (or {BASELINE_SPEC}) "
-            "first in the same run, or pass --switch-thresholds N,M or --thresholds-from results.json"
-        )
-    if rec.kind == "always":  # never switch off within the sweep
-        n = max(settings.levels)
-        return n, hysteresis(n)
-    if rec.disable_batch_size is None or rec.enable_batch_size is None:
-        raise BenchError(f"{cfg.name}: the {rec.kind} recommendation gives no thresholds")
-    return rec.disable_batch_size, rec.enable_batch_size
-
-
-def warm_up_levels(levels: Sequence[int]) -> list[int]:
-    """The concurrencies each fresh server is warmed up at, with short requests: the powers of two
-    up to the largest level, the last one capped at it.
-
-    A server compiles a triton kernel the first time it meets a new value of a constexpr, and
-    SGLang's speculative paths specialise several on the next power of two of the batch size
-    (assign_extend_cache_locs and others); those compiles would otherwise land in the first wave
-    of each level that reaches a new power, on the speculative servers more than on a plain one.
-    """
-    top = max(levels)
-    return sorted({min(1 << k, top) for k in range((top - 1).bit_length() + 1)})
-
-
-def requests_for_level(num_requests: int, waves: int, concurrency: int) -> int:
-    return max(num_requests, waves * concurrency)
-
-
-def server_flags(cfg: Config, settings: RunSettings, results: RunResults, out: Path) -> list[str]:
-    """The server flags a config runs with in this run (thresholds and tier file resolved; the tier file written to out)."""
-    flags = (
-        base_flags()
-        + list(cfg.flags)
-        + ["--enable-metrics", "--max-running-requests", str(settings.max_running_requests)]
-    )
-    if cfg.switch:
-        n, m = _switch_thresholds(cfg, settings, results)
-        say(f"[{cfg.name}] thresholds: disable above {n}, enable at <= {m}")
-        flags += ["--speculative-disable-batch-size", str(n), "--speculative-enable-batch-size", str(m)]
-    if cfg.adaptive_tiers:
-        n, _ = _switch_thresholds(cfg, settings, results)
-        steps = num_steps(cfg)
-        tiers = write_off_above_tiers(out / f"{cfg.name}-tiers.json", n, steps)
-        say(f"[{cfg.name}] tier file {tiers}: {steps} steps up to a batch of {n}, none above")
-        flags += ["--speculative-adaptive-config", str(tiers)]
-    return flags + shlex.split(settings.extra_flags)
-
-
-def refuse_unsupported(cfgs: list[Config], tree: Path) -> None:
-    """Every config's flags must exist in the tree's SGLang (ours need the series, upstream's 0.5.11+)."""
-    problems = [
-        f"{c.name} needs {', '.join('--' + n.replace('_', '-') for n in missing)}"
-        for c in cfgs
-        if (missing := missing_server_args(tree, c.server_args_needed()))
-    ]
-    problems += [
-        f"{c.name} needs {', '.join(missing)} (environment)"
-        for c in cfgs
-        if (missing := missing_environ(tree, list(c.env_needed)))
-    ]
-    if problems:
-        raise BenchUsageError(
-            f"the SGLang in {tree} lacks what these configs need: {'; '.join(problems)}. "
-            "Leave them out of --configs, or point --tree at a tree that has them (the "
-            "switch configs need this series' v0.5.9 line; adaptive-* need SGLang 0.5.11+, "
-            "adaptive-v2-off-skip 0.5.14+, adaptive-v2-off-plain* this series' v0.5.15 line)."
-        )
-
-
-def run_config(cfg: Config, settings: RunSettings, target: RunTarget, results: RunResults) -> None:
-    """Serve one config and sweep it; results.configs[cfg.name] holds what it measured so far."""
-    flags = server_flags(cfg, settings, results, target.out)
-    if cfg.speculative and not target.draft:
-        raise BenchError(f"{cfg.name} needs --draft-model")
-    spec = ServerSpec(target.model, target.draft, settings.tp, flags, dict(cfg.env))
-    entry = results.configs[cfg.name] = ConfigRecord(flags=tuple(flags), env=dict(cfg.env), compare_to=cfg.compare_to)
-    log = target.out / "logs" / f"{cfg.name}.log"
-    t0 = time.monotonic()
-    with Server(spec, log, target.tree) as srv:
-        say(f"[{cfg.name}] server up in {time.monotonic() - t0:.0f}s: {srv.command}")
-        entry = results.configs[cfg.name] = replace(entry, startup_s=round(time.monotonic() - t0, 1))
-        for c in warm_up_levels(settings.levels):
-            client.run_level(srv.url, target.prompts_for_level(c), c, {**settings.sampling, "max_new_tokens": 8})
-        if settings.freeze_gc:
-            client.freeze_gc(srv.url)
-            say(f"[{cfg.name}] garbage collector frozen (/freeze_gc)")
-        entry = _run_levels(cfg.name, srv.url, settings, target, results)
-        for c in settings.profile_at:
-            profiled = _profile(cfg.name, srv.url, c, settings, target, log)
-            entry = results.configs[cfg.name] = replace(entry, profiles=(*entry.profiles, profiled))
-    log_text = log.read_text(errors="replace")
-    ranks = parse_log(log_text)
-    results.configs[cfg.name] = replace(
-        report.with_decode_rates(entry, log_text),
-        graph_sets=tuple(captured_graph_sets(log_text)),
-        log_counters={r: (SwitchCounters.of(rl.counters) if rl.counters else None) for r, rl in ranks.items()},
-    )
-
-
-def _run_levels(name: str, url: str, settings: RunSettings, target: RunTarget, results: RunResults) -> ConfigRecord:
-    """Measure each level in turn, saving the run after each; the config's record with its levels."""
-    entry = results.configs[name]
-    for c in settings.levels:
-        level = _run_level(name, url, c, settings, target)
-        entry = results.configs[name] = replace(entry, levels=(*entry.levels, level))
-        _save(results, target.out, plot=False)
-    return entry
-
-
-def _run_level(name: str, url: str, c: int, settings: RunSettings, target: RunTarget) -> LevelRecord:
-    n = requests_for_level(settings.num_requests, settings.waves, c)
-    batch = target.prompts_for_level(n)
-    client.flush_cache(url)
-    before = parse_metrics(client.get_metrics(url))
-    tty = sys.stderr.isatty()
-
-    def progress(done: int, total: int) -> None:
-        if tty:
-            print(f"\r[{name}] C={c}: {done}/{total}", end="", file=sys.stderr, flush=True)
-
-    lr = client.run_level(url, batch, c, settings.sampling, on_done=progress)
-    metrics = client.get_metrics(url)
-    after, threshold = parse_metrics(metrics), parse_threshold(metrics)
-    counters = None
-    if after is not None:
-        counters = SwitchCounters.of(after).minus(SwitchCounters.of(before) if before else SwitchCounters(0, 0, 0))
-    errors = lr.errors[:5] + ([f"... {len(lr.errors)} errors"] if len(lr.errors) > 5 else [])
-    say(
-        ("\r" if tty else "")
-        + f"[{name}] C={c:>3} n={n:>3}: {lr.tok_per_s:9.1f} tok/s  wall {lr.wall_s:6.1f}s"
-        + (f"  counters {counters.to_json()}" if counters is not None else "")
-        + (f"  threshold {threshold}" if threshold is not None else "")
-        + (f"  ERRORS {len(lr.errors)}: {lr.errors[0]}" if lr.errors else "")
-    )
-    return LevelRecord(
-        concurrency=c,
-        requests=n,
-        output_tokens=lr.output_tokens,
-        wall_s=round(lr.wall_s, 3),
-        tok_per_s=round(lr.tok_per_s, 1),
-        errors=tuple(errors),
-        counters=counters,
-        wave_tok_per_s=tuple(round(w, 1) for w in lr.wave_tok_per_s()),
-        wave_send_spread_s=tuple(round(s, 4) for s in lr.wave_send_spread_s()),
-        switch_threshold=threshold,
-    )
-
-
-def _profile(name: str, url: str, c: int, settings: RunSettings, target: RunTarget, log: Path) -> ProfileRecord:
-    traces = target.out / "profiles" / name / f"c{c}"
-    window = settings.profile_window
-    try:
-        summary = profile.profile_level(
-            url,
-            target.prompts_for_level(c, offset=c),
-            c,
-            settings.sampling,
-            out_dir=traces,
-            log_path=log,
-            num_steps=settings.profile_steps,
-            window=window,
-        )
-    except profile.ProfileError as e:
-        say(f"[{name}] profile at C={c} failed: {e}")
-        return ProfileRecord(c, error=str(e), window=window)
-    finally:
-        if not settings.keep_traces:
-            for f in traces.glob("*.trace.json*"):
-                f.unlink()
-    say(f"[{name}] profile at C={c}: GPU idle {100 * summary.gpu_idle_fraction:.0f}% of {summary.window_ms:.1f} ms")
-    return ProfileRecord(c, summary=summary, window=window)
-
-
-def _save(results: RunResults, out: Path, plot: bool) -> tuple[Analysis, dict[str, Path | None]]:
-    return report.write_all(results, out, plot=plot)
-
-
-def _target(args: argparse.Namespace, tree: Path, out: Path) -> RunTarget:
-    """The models (the fixtures unless --model) and the prompts."""
-    model, draft, prompts_file = args.model, args.draft_model, args.prompts
-    if model is None:
-        fx = fixtures.generate(fixtures.PRESETS[args.fixture_preset])
-        t, d = fx.pair(args.fixture_pair or fixtures.default_pair(args.fixture_preset))
-        model, draft = str(t), draft or str(d)
-        # A trained set's own held-out prompts: hundreds, so no wave holds one prompt twice (the
-        # shared set's 38 would, and whether two such requests share KV depends on timing).
-        prompts_file = prompts_file or fx.prompts_file()
-    try:
-        prompts = client.load_prompts(prompts_file)
-    except (OSError, ValueError) as e:
-        raise BenchUsageError(f"--prompts: {e}") from None
-    if args.chat_template:
-        prompts = client.apply_chat_template(prompts, model)
-    return RunTarget(tree, model, draft, tuple(prompts), out, str(prompts_file or client.DEFAULT_PROMPTS.name))
-
-
-def _meta(args: argparse.Namespace, settings: RunSettings, target: RunTarget, imported: str) -> dict[str, Any]:
+def commands() -> dict[str, Command]:
     return {
-        "model": target.model,
-        "draft_model": target.draft,
-        "fixture_preset": None if args.model else args.fixture_preset,
-        "tp": settings.tp,
-        "levels": ",".join(map(str, settings.levels)),
-        "num_requests": settings.num_requests,
-        "waves": settings.waves,
-        "max_new_tokens": settings.max_new_tokens,
-        "temperature": settings.temperature,
-        "prompts": target.prompts_file,
-        "sglang": imported,
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "extra_flags": settings.extra_flags,
-        **({"freeze_gc": True} if settings.freeze_gc else {}),
+        "run": Command(
+            "sweep the configs' concurrency levels (the default command)",
+            arguments.DESCRIPTION,
+            arguments.add_arguments,
+            sweep.command,
+            arguments.epilog(),
+        ),
+        "report": Command(
+            "merge runs and redo their table, plot and recommendation",
+            "merge results and redo table/plot/recommendation",
+            report_cli.add_arguments,
+            report_cli.command,
+        ),
+        "boundaries": Command(
+            "what each level's wave boundaries cost, from a run's server logs",
+            boundaries.DESCRIPTION,
+            boundaries.add_arguments,
+            boundaries.command,
+        ),
+        "fixtures": Command(
+            "build (or find) a set of test models and print its folder",
+            fixtures.DESCRIPTION,
+            fixtures.add_arguments,
+            fixtures.command,
+        ),
     }
 
 
-def run(argv: list[str]) -> int:
-    args = parse(argv)
-    settings = RunSettings.from_args(args)
-    try:
-        named = parse_configs(args.configs) if args.configs else None
-    except ValueError as e:
-        raise BenchUsageError(str(e)) from None
-    tree = resolve_tree(args.tree, args.ref)
-    cfgs = named or parse_configs(",".join(configs_for_tree(tree)))
-    if args.repeat:
-        try:
-            cfgs.append(repeated(cfgs, args.repeat))
-        except ValueError as e:
-            raise BenchUsageError(str(e)) from None
-    out = args.out or PROJECT_ROOT / "build" / "bench" / time.strftime("%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
-    refuse_unsupported(cfgs, tree)
-    imported = check_tree(tree, require_switch=any(c.switch for c in cfgs))
-    target = _target(args, tree, out)
-    results = RunResults(meta=_meta(args, settings, target, imported))
-    say(
-        f"bench: {len(cfgs)} config(s) x levels {list(settings.levels)}, max({settings.num_requests}, "
-        f"{settings.waves} x C) requests, {settings.max_new_tokens} new tokens -> {out}"
+def parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", help="debug messages too")
+    ap = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Benchmarks of the patched SGLang: concurrency sweeps, their reports, test models. "
+        "Without a command, the options are the sweep's (`run`).",
     )
-    failed = _run_configs(cfgs, settings, target, results, args.time_budget)
-    analysis, paths = _save(results, out, plot=True)
-    print(report.markdown(results, analysis))
-    for line in recommended_flags(analysis, tree, out):
-        print(line)
-    say(
-        "wrote "
-        + ", ".join(str(p) for p in paths.values() if p)
-        + ("" if paths["png"] else " (no plot: matplotlib is not installed; `python -m bench report` it elsewhere)")
-    )
-    return 1 if failed else 0
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, cmd in commands().items():
+        p = sub.add_parser(name, help=cmd.help, description=cmd.description, epilog=cmd.epilog, parents=[common])
+        cmd.add_arguments(p)
+        p.set_defaults(handler=cmd.run)
+    return ap
 
 
-def _run_configs(
-    cfgs: list[Config], settings: RunSettings, target: RunTarget, results: RunResults, time_budget: float | None
-) -> list[str]:
-    """Run each config in turn (saving after each); the names of those that failed or were skipped."""
-    t_start, failed = time.monotonic(), []
-    durations: list[float] = []
-    for i, cfg in enumerate(cfgs, 1):
-        skip = budget_verdict(time_budget, time.monotonic() - t_start, durations)
-        if skip:
-            say(f"[{cfg.name}] skipped: {skip}")
-            failed.append(cfg.name)
-            continue
-        say(f"== config {i}/{len(cfgs)}: {cfg.name} ({cfg.help})")
-        t_cfg = time.monotonic()
-        try:
-            run_config(cfg, settings, target, results)
-        except (ServerError, client.ClientError, BenchError) as e:
-            say(f"[{cfg.name}] FAILED: {e}")
-            results.configs[cfg.name] = replace(results.configs.get(cfg.name, ConfigRecord()), failed=str(e)[:2000])
-            failed.append(cfg.name)
-        durations.append(time.monotonic() - t_cfg)
-        _save(results, target.out, plot=False)
-    return failed
-
-
-def budget_verdict(budget: float | None, elapsed: float, durations: list[float]) -> str | None:
-    """Why the next config should not start, or None.
-
-    A config cut off by the caller's hard limit (the device's) leaves nothing but spent time, so one
-    that could not finish even as fast as the fastest config so far is not started.
-    """
-    if not budget:
-        return None
-    left = budget - elapsed
-    if left <= 0:
-        return f"time budget of {budget:.0f}s spent"
-    if durations and left < min(durations):
-        return (
-            f"{left:.0f}s of the {budget:.0f}s time budget left, and no config so far took less than "
-            f"{min(durations):.0f}s"
-        )
-    return None
+def with_command(argv: list[str]) -> list[str]:
+    """argv with `run` in front when it names no command: `python -m bench --quick` as before the
+    commands had names (the Makefile's bench target and the GPU scripts call it so)."""
+    if argv and (argv[0] in commands() or argv[0] in ("-h", "--help")):
+        return argv
+    return ["run", *argv]
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = with_command(list(sys.argv[1:] if argv is None else argv))
+    args = parser().parse_args(arguments.bind_extra_flags(argv))
+    configure(verbose=args.verbose, root_logger="bench")
     try:
-        if argv and argv[0] == "report":
-            return report_cli.main(argv[1:])
-        if argv and argv[0] == "boundaries":
-            from bench.results import boundaries
-
-            return boundaries.main(argv[1:])
-        if argv and argv[0] == "fixtures":
-            from bench.models import fixtures
-
-            return fixtures.main(argv[1:])
-        return run(argv)
+        return int(args.handler(args))
     except BenchUsageError as e:
         print(f"bench: usage: {e}", file=sys.stderr)
         return 2
-    except (TreeError, BenchError, FixtureError, ResultsError) as e:
+    except BenchError as e:
         print(f"bench: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -30,9 +30,10 @@ class PlainFormatter(logging.Formatter):
         return self.PREFIXES.get(record.levelno, "") + record.getMessage()
 
 
-def configure(verbose: bool = False) -> None:
-    """Install the handler once; -v/--verbose shows debug records too."""
-    root = logging.getLogger(ROOT_LOGGER)
+def configure(verbose: bool = False, root_logger: str = ROOT_LOGGER) -> None:
+    """Install the handler once on `root_logger` (the toolkit's, or another package's that logs
+    the same way); -v/--verbose shows debug records too."""
+    root = logging.getLogger(root_logger)
     if not any(isinstance(h, CurrentStderr) for h in root.handlers):
         handler = CurrentStderr()
         handler.setFormatter(PlainFormatter())

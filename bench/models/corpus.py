@@ -13,10 +13,12 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.errors import BenchError
+
 SKIPPED_DIRS = frozenset({"test", "tests", "site-packages", "dist-packages", "__pycache__", "idlelib", "lib2to3"})
 
 
-class CorpusError(RuntimeError):
+class CorpusError(BenchError):
     pass
 
 

@@ -12,7 +12,7 @@ Four models share one tokenizer (trained with `tokenizers` on text generated her
 Pairs: ``exact`` = (target-exact, draft-exact), ``random`` = (target-random, draft-random).
 Deterministic for a seed; cached under ``<root>/<hash of parameters>/``.
 
-CLI: ``python -m bench.models.fixtures [--root DIR] [--preset tiny|gpu-bound] [--hidden 512] [--layers 8] ...``
+CLI: ``python -m bench fixtures [--root DIR] [--preset tiny|gpu-bound] [--hidden 512] [--layers 8] ...``
 prints the folder.
 """
 
@@ -23,15 +23,15 @@ import contextlib
 import dataclasses
 import importlib.metadata
 import json
+import logging
 import os
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
-from bench.models.corpus import CorpusError
+from bench.errors import BenchUsageError
 from bench.models.kimi_fixture import KimiParams
 from bench.models.kimi_fixture import build as build_kimi
 from bench.models.synthetic import (
@@ -43,7 +43,7 @@ from bench.models.synthetic import (
 )
 from bench.models.tokenizer import build_tokenizer, copy_tokenizer, tokenizer_text
 from bench.models.trained import build as build_trained
-from bench.models.trained_params import TrainedParams, TrainingError
+from bench.models.trained_params import TrainedParams
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_ROOT = PROJECT_ROOT / "build" / "fixtures"
@@ -76,6 +76,8 @@ PRESETS: dict[str, AnyParams] = {
     "kimi": KimiParams(),
 }
 _PRESET_PAIRS = {"trained": "trained", "trained-gpu-bound": "trained-gpu-bound", "kimi": "kimi-exact"}
+
+logger = logging.getLogger(__name__)
 
 
 def default_pair(preset: str) -> str:
@@ -131,9 +133,8 @@ def _build_synthetic(tmp: Path, params: FixtureParams, quiet: bool) -> dict[str,
         if not exact and not params.random_pair:
             continue
         if not quiet:
-            print(
-                f"fixtures: writing {name} (H={params.hidden}, L={params.layers}, V={vocab}, on {params.device})",
-                file=sys.stderr,
+            logger.info(
+                f"fixtures: writing {name} (H={params.hidden}, L={params.layers}, V={vocab}, on {params.device})"
             )
         target_embed = build_target(tmp / name, params, vocab, exact, seed)
         if exact:
@@ -210,26 +211,30 @@ def generate(params: AnyParams | None = None, root: Path | None = None, *, quiet
     return Fixtures(dest)
 
 
-def _param_flags(ap: argparse.ArgumentParser) -> list[str]:
-    """One option per parameter of either kind of set; returns the field names."""
+def _param_names() -> list[str]:
+    """The parameters of every kind of set, each once."""
     names: list[str] = []
     for cls in (FixtureParams, TrainedParams, KimiParams):
-        default = cls()
-        for f in dataclasses.fields(cls):
-            if f.name in names:
-                continue
-            names.append(f.name)
-            flag = "--" + f.name.replace("_", "-")
-            value = getattr(default, f.name)
-            if isinstance(value, bool):
-                ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
-            else:
-                ap.add_argument(flag, type=type(value), default=None)
+        names += [f.name for f in dataclasses.fields(cls) if f.name not in names]
     return names
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.models.fixtures", description=__doc__.split("\n\n")[0])
+def _param_flags(ap: argparse.ArgumentParser) -> None:
+    """One option per parameter of any kind of set, typed by its first default."""
+    defaults = [cls() for cls in (FixtureParams, TrainedParams, KimiParams)]
+    for name in _param_names():
+        value = next(getattr(d, name) for d in defaults if hasattr(d, name))
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+        else:
+            ap.add_argument(flag, type=type(value), default=None)
+
+
+DESCRIPTION = __doc__.split("\n\n")[0]
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--root", type=Path, default=None, help=f"cache root (default $SGL_FIXTURE_DIR or {DEFAULT_ROOT})")
     ap.add_argument(
         "--preset",
@@ -237,27 +242,24 @@ def main(argv: list[str] | None = None) -> int:
         default="tiny",
         help="starting parameters, changed by the options below (default %(default)s)",
     )
-    names = _param_flags(ap)
+    _param_flags(ap)
     ap.add_argument("--json", action="store_true", help="print the model paths as JSON")
-    args = ap.parse_args(argv)
+
+
+def command(args: argparse.Namespace) -> int:
+    """`python -m bench fixtures`: build (or find) a set and print where it is; errors go to
+    bench.cli.main, which maps them to exit codes."""
     base = PRESETS[args.preset]
     own = {f.name for f in dataclasses.fields(base)}
-    changed = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    changed = {n: getattr(args, n) for n in _param_names() if getattr(args, n) is not None}
     foreign = sorted(set(changed) - own)
     if foreign:
-        ap.error(f"preset {args.preset} has no parameter {', '.join('--' + n.replace('_', '-') for n in foreign)}")
-    params = dataclasses.replace(base, **changed)
-    try:
-        fx = generate(params, args.root)
-    except (OSError, ImportError, FixtureError, TrainingError, CorpusError) as e:
-        print(f"fixtures: error: {e}", file=sys.stderr)
-        return 1
+        raise BenchUsageError(
+            f"preset {args.preset} has no parameter {', '.join('--' + n.replace('_', '-') for n in foreign)}"
+        )
+    fx = generate(dataclasses.replace(base, **changed), args.root)
     if args.json:
         print(json.dumps({k: {"target": str(fx.pair(k)[0]), "draft": str(fx.pair(k)[1])} for k in fx.pairs()}))
     else:
         print(fx.root)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

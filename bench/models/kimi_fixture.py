@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import sys
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,8 @@ KIMI_PAIRS = {
     "kimi-random": ("target-kimi-random", "draft-kimi-random"),
 }
 MEDIA_PAD = "<|media_pad|>"  # the image placeholder SGLang's Kimi-K2.5 processor looks for
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -277,10 +279,9 @@ def build(tmp: Path, p: KimiParams, quiet: bool) -> dict[str, Any]:
     embed = None
     for kind, exact, seed in (("exact", True, p.seed), ("random", False, p.seed + 1)):
         if not quiet:
-            print(
+            logger.info(
                 f"fixtures: writing target-kimi-{kind} (MLA + {p.routed_experts} experts, H={p.hidden}, "
-                f"L={p.layers}, V={vocab})",
-                file=sys.stderr,
+                f"L={p.layers}, V={vocab})"
             )
         target_embed = _write_target(tmp / f"target-kimi-{kind}", p, vocab, media_pad_id, exact, seed)
         embed = target_embed if exact else embed

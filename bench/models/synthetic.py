@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.errors import BenchError
+
 GENERATOR_VERSION = 2
 
 
@@ -33,7 +35,7 @@ class FixtureParams:
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-class FixtureError(RuntimeError):
+class FixtureError(BenchError):
     pass
 
 

@@ -33,9 +33,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import math
 import os
-import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -51,6 +51,8 @@ from bench.models.trained_params import (
     TrainingError,
     captured_layers,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ class TrainFigures:
 
 def _say(msg: str, quiet: bool) -> None:
     if not quiet:
-        print(f"fixtures: {msg}", file=sys.stderr, flush=True)
+        logger.info(f"fixtures: {msg}")
 
 
 @contextlib.contextmanager

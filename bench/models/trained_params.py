@@ -7,6 +7,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from bench.errors import BenchError
+
 GENERATOR_VERSION = 5  # 2: blank lines kept in the training text; checkpoints in `dtype`; 3: prompts.jsonl;
 # 4: the prompts furthest from a greedy tie; 5: deterministic attention in training
 PROMPTS_FILE = "prompts.jsonl"  # code snippets from the held-out text, for the greedy-equality tests
@@ -17,7 +19,7 @@ TRAINED_PAIRS = {
 }
 
 
-class TrainingError(RuntimeError):
+class TrainingError(BenchError):
     """Parameters or data that cannot make a trained set."""
 
 

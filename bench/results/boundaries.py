@@ -122,9 +122,10 @@ def read_log(logs: Path, config: str) -> str:
         raise BenchUsageError(f"--logs {logs}: neither a folder of logs nor a readable .tgz ({e})") from None
 
 
-def main(argv: list[str]) -> int:
-    """`python -m bench boundaries`; errors go to bench.cli.main, which maps them to exit codes."""
-    ap = argparse.ArgumentParser(prog="python -m bench boundaries", description=__doc__.split("\n\n")[0])
+DESCRIPTION = __doc__.split("\n\n")[0]
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("run", type=Path, help="a run's folder (results.json) or its results.json")
     ap.add_argument(
         "--logs",
@@ -133,7 +134,10 @@ def main(argv: list[str]) -> int:
         help="the servers' logs (<config>.log), a folder or the .tgz the device sent back; default RUN/logs",
     )
     ap.add_argument("--decode-log-interval", type=int, default=40, help="the servers' (default %(default)s)")
-    args = ap.parse_args(argv)
+
+
+def command(args: argparse.Namespace) -> int:
+    """`python -m bench boundaries`; errors go to bench.cli.main, which maps them to exit codes."""
     path = args.run / "results.json" if args.run.is_dir() else args.run
     logs = args.logs or path.parent / "logs"
     if not path.is_file():

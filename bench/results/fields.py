@@ -8,13 +8,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import fields
 from typing import Any, TypeVar
 
+from bench.errors import BenchError
 from bench.results.logparse import GraphSet
 from bench.results.recommendation import Recommendation
 
 T = TypeVar("T")
 
 
-class ResultsError(ValueError):
+class ResultsError(BenchError, ValueError):
     """A results.json that does not have the layout bench.results.records describes."""
 
 

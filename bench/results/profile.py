@@ -22,6 +22,7 @@ from typing import Any
 
 import requests
 
+from bench.errors import BenchError
 from bench.results.logparse import parse_log
 from bench.run import client
 
@@ -31,7 +32,7 @@ RUNTIME_CATEGORY = "cuda_runtime"  # launches, copies and synchronisations: wher
 TOP = 12
 
 
-class ProfileError(RuntimeError):
+class ProfileError(BenchError):
     pass
 
 

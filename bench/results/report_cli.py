@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
 from pathlib import Path
 
+from bench.errors import BenchUsageError
 from bench.results import split_runs
 from bench.results.records import RunResults, read_results
 from bench.results.report import analyse, markdown, merge, with_decode_rates, write_all
 
+logger = logging.getLogger(__name__)
 
-def main(argv: list[str]) -> int:
-    """`python -m bench report`."""
-    ap = argparse.ArgumentParser(
-        prog="python -m bench report", description="merge results and redo table/plot/recommendation"
-    )
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("inputs", nargs="+", type=Path, help="results.json files or folders holding one")
     ap.add_argument("--out", type=Path, default=None, help="default: the first input's folder")
     ap.add_argument(
@@ -28,13 +27,15 @@ def main(argv: list[str]) -> int:
         help="the inputs are parts of one sweep, each with its own nospec: write split.md and "
         "split.png (each ratio taken inside its own run) to --out instead of merging",
     )
-    args = ap.parse_args(argv)
+
+
+def command(args: argparse.Namespace) -> int:
+    """`python -m bench report`; errors go to bench.cli.main, which maps them to exit codes."""
     parts = []
     for p in args.inputs:
         f = p / "results.json" if p.is_dir() else p
         if not f.is_file():
-            print(f"bench report: no results at {f}", file=sys.stderr)
-            return 2
+            raise BenchUsageError(f"report: no results at {f}")
         parts.append(read_results(f)[0])  # the analysis is redone from the merged configs
     out = args.out or (args.inputs[0] if args.inputs[0].is_dir() else args.inputs[0].parent)
     if args.split is not None:
@@ -44,30 +45,27 @@ def main(argv: list[str]) -> int:
     if args.logs:
         missing = [n for n in results.configs if not (args.logs / f"{n}.log").is_file()]
         if missing:
-            print(f"bench report: no server log for {', '.join(missing)} in {args.logs}", file=sys.stderr)
-            return 2
+            raise BenchUsageError(f"report: no server log for {', '.join(missing)} in {args.logs}")
         results.configs = {
             name: with_decode_rates(c, (args.logs / f"{name}.log").read_text(errors="replace"))
             for name, c in results.configs.items()
         }
     analysis, paths = write_all(results, out, plot=True)
     print(markdown(results, analysis))
-    print("wrote " + ", ".join(str(p) for p in paths.values() if p), file=sys.stderr)
+    logger.info("wrote " + ", ".join(str(p) for p in paths.values() if p))
     return 0
 
 
 def _write_split(inputs: list[Path], parts: list[RunResults], out: Path, title: str) -> int:
     labels = [(p if p.is_dir() else p.parent).name for p in inputs]
     if len(set(labels)) != len(labels):
-        print(
-            f"bench report --split: the runs are told apart by their folders' names, and these repeat: "
-            f"{', '.join(labels)}; give each run its own folder name",
-            file=sys.stderr,
+        raise BenchUsageError(
+            f"report --split: the runs are told apart by their folders' names, and these repeat: "
+            f"{', '.join(labels)}; give each run its own folder name"
         )
-        return 2
     written = split_runs.write(
         [split_runs.Part(lbl, run, analyse(run)) for lbl, run in zip(labels, parts, strict=True)], out, title
     )
     print((out / "split.md").read_text(encoding="utf-8"))
-    print("wrote " + ", ".join(map(str, written)), file=sys.stderr)
+    logger.info("wrote " + ", ".join(map(str, written)))
     return 0

@@ -1,4 +1,4 @@
-"""The benchmark's command line: `python -m bench [options]` (bench.cli runs it)."""
+"""The sweep's command line: `python -m bench [run] [options]` (bench.cli mounts it, bench.run.sweep runs it)."""
 
 from __future__ import annotations
 
@@ -88,12 +88,37 @@ def _add_profile_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--keep-traces", action="store_true", help="keep the profiler traces (OUT/profiles; large)")
 
 
+DESCRIPTION = "Concurrency sweep: no-spec vs EAGLE-3 vs the switch."
+
+
+def epilog() -> str:
+    return "configs: " + "; ".join(f"{c.name}: {c.help}" for c in CONFIGS.values())
+
+
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench",
-        description="Concurrency sweep: no-spec vs EAGLE-3 vs the switch.",
-        epilog="configs: " + "; ".join(f"{c.name}: {c.help}" for c in CONFIGS.values()),
+    """The sweep's arguments alone (bench.cli mounts the same as its `run` command)."""
+    ap = argparse.ArgumentParser(prog="python -m bench run", description=DESCRIPTION, epilog=epilog())
+    add_arguments(ap)
+    return ap
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    _add_sweep_args(ap)
+    _add_server_args(ap)
+    _add_model_args(ap)
+    _add_profile_args(ap)
+    ap.add_argument("--out", type=Path, default=None, help="default build/bench/<timestamp>")
+    ap.add_argument(
+        "--ref",
+        default=None,
+        help="the release line to benchmark, as make's SGLANG_REF (default: the pinned one, v0.5.9)",
     )
+    ap.add_argument(
+        "--tree", default=None, help="patched SGLang tree (default $SGLANG_TREE, else the tree of --ref's line)"
+    )
+
+
+def _add_sweep_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--configs",
         default=None,
@@ -141,6 +166,9 @@ def parser() -> argparse.ArgumentParser:
         help=f"prompt file (.jsonl/.json/.txt; default {client.DEFAULT_PROMPTS.name})",
     )
     ap.add_argument("--chat-template", action="store_true", help="wrap prompts with the model's chat template")
+
+
+def _add_server_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--extra-flags", default="", help="extra server flags for every config (one string)")
     ap.add_argument(
@@ -168,28 +196,16 @@ def parser() -> argparse.ArgumentParser:
         "at the pace of the fastest config so far",
     )
     ap.add_argument("--startup-timeout", type=float, default=900.0)
-    _add_model_args(ap)
-    _add_profile_args(ap)
-    ap.add_argument("--out", type=Path, default=None, help="default build/bench/<timestamp>")
-    ap.add_argument(
-        "--ref",
-        default=None,
-        help="the release line to benchmark, as make's SGLANG_REF (default: the pinned one, v0.5.9)",
-    )
-    ap.add_argument(
-        "--tree", default=None, help="patched SGLang tree (default $SGLANG_TREE, else the tree of --ref's line)"
-    )
-    return ap
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     """The benchmark's arguments. `--extra-flags VALUE` keeps VALUE even when it is one server flag
     such as `--disable-piecewise-cuda-graph`, which argparse would otherwise read as an option of
     the benchmark's own and refuse ("expected one argument")."""
-    return parser().parse_args(_bind_extra_flags(argv))
+    return parser().parse_args(bind_extra_flags(argv))
 
 
-def _bind_extra_flags(argv: list[str]) -> list[str]:
+def bind_extra_flags(argv: list[str]) -> list[str]:
     bound: list[str] = []
     args = iter(argv)
     for arg in args:

@@ -11,12 +11,13 @@ from typing import Any, Callable
 
 import requests
 
+from bench.errors import BenchError
 from bench.run.http_post import post_json
 
 DEFAULT_PROMPTS = Path(__file__).parents[1] / "data" / "coding_prompts.jsonl"
 
 
-class ClientError(RuntimeError):
+class ClientError(BenchError):
     """A request the benchmark needs was refused by the server."""
 
 

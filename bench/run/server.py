@@ -22,6 +22,8 @@ from typing import IO
 
 import requests
 
+from bench.errors import BenchError
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PATCH_MARKER = "speculative_disable_batch_size"
 SM120_MARKER = "_is_sm120_supported"  # 0001 on the lines that run on a GPU (v0.5.9, v0.5.15)
@@ -34,11 +36,11 @@ DEFAULT_BASE_FLAGS = (
 )
 
 
-class ServerError(RuntimeError):
+class ServerError(BenchError):
     pass
 
 
-class TreeError(RuntimeError):
+class TreeError(BenchError):
     pass
 
 

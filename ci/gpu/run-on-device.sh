@@ -58,7 +58,7 @@ for m in pytest matplotlib transformers; do
   python3 -c "import $m; print('$m', $m.__version__)" 2>&1 | tee -a "$OUT/run-on-device.log" >&2
 done
 t1=$(date +%s)
-python3 -m bench.models.fixtures || { log "fixture generation failed"; exit 2; }
+python3 -m bench fixtures || { log "fixture generation failed"; exit 2; }
 log "fixtures ready in $(( $(date +%s) - t1 ))s"
 # An interrupted bench needs up to ~30 s to stop its server and save: past 565 s the device's own
 # 600-s limit kills it first and nothing is packed (2026-12-02: DEVICE_TIMEOUT=590 lost the logs' tgz).
@@ -90,7 +90,7 @@ case "$mode" in
     # Each sweep must hold its own baselines: ratios compare configs of one sweep only.
     # Generated once here, or each sweep would draw the same large fixture at once.
     for preset in $(printf '%s\n' "$@" | grep -o -- '--fixture-preset[ =][a-z-]*' | sed 's/.*[ =]//' | sort -u); do
-      [ "$preset" = tiny ] || python3 -m bench.models.fixtures --preset "$preset" || { log "$preset fixtures failed"; exit 2; }
+      [ "$preset" = tiny ] || python3 -m bench fixtures --preset "$preset" || { log "$preset fixtures failed"; exit 2; }
     done
     sweep() {  # sweep I ARGS: one bench into $OUT/bench-I, its output in $OUT/bench-I.log
       local left; left=$(time_left)

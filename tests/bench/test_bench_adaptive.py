@@ -16,6 +16,7 @@ from bench import cli
 from bench.configs import CONFIGS, off_above_tiers, parse_configs
 from bench.results.records import ConfigRecord, RunResults
 from bench.results.report import analyse
+from bench.run import sweep
 from bench.run.server import missing_server_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,13 +123,13 @@ def test_a_config_whose_environment_switch_the_tree_lacks_is_refused(
     err = capsys.readouterr().err
     assert "adaptive-v2-off-skip needs SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND (environment)" in err
     assert "adaptive-v2-off needs" not in err and "0.5.14" in err
-    cli.refuse_unsupported([CONFIGS["adaptive-v2-off-skip"]], after)  # declared there: accepted
+    sweep.refuse_unsupported([CONFIGS["adaptive-v2-off-skip"]], after)  # declared there: accepted
     # Upstream 0.5.15 has no plain-decode switch; this series' v0.5.15 line declares it.
     assert cli.main(["--configs", "nospec,adaptive-v2-off-plain", "--tree", str(after), "--out", out]) == 2
     assert "adaptive-v2-off-plain needs SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE (environment)" in capsys.readouterr().err
     with (after / "python" / "sglang" / "srt" / "environ.py").open("a") as environ:
         environ.write("    SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE = EnvBool(False)\n")
-    cli.refuse_unsupported([CONFIGS["adaptive-v2-off-plain"], CONFIGS["adaptive-v2-off-plain-skip"]], after)
+    sweep.refuse_unsupported([CONFIGS["adaptive-v2-off-plain"], CONFIGS["adaptive-v2-off-plain-skip"]], after)
 
 
 def test_an_adaptive_config_gets_no_recommendation_of_its_own() -> None:

@@ -98,7 +98,7 @@ def test_server_failure_is_reported_with_log(tmp_path: Path) -> None:
 
 
 def test_time_budget_skips_a_config_that_could_not_finish() -> None:
-    from bench.cli import budget_verdict
+    from bench.run.sweep import budget_verdict
 
     assert budget_verdict(None, 1000.0, [10.0]) is None
     assert budget_verdict(300.0, 100.0, []) is None  # nothing known yet: start it
@@ -164,7 +164,7 @@ def test_freeze_gc_freezes_each_server_after_its_warm_up(tmp_path: Path) -> None
 def test_the_warm_up_reaches_every_power_of_two_bucket_of_the_levels(levels: list[int]) -> None:
     """SGLang's speculative kernels specialise on next_power_of_2(batch size): every batch size a
     level can run, from 1 to its concurrency, falls in a bucket the warm-up has run."""
-    from bench.cli import warm_up_levels
+    from bench.run.sweep import warm_up_levels
 
     def bucket(bs: int) -> int:
         return 1 << (bs - 1).bit_length()

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
+from bench import cli
 from bench.models import fixtures
+from bench.run import arguments
 
 pytestmark = pytest.mark.cpu_fixture
 SMALL = fixtures.FixtureParams(hidden=64, layers=8, heads=4, kv_heads=2, intermediate=128, vocab=512, max_positions=512)
@@ -158,7 +160,7 @@ def test_cli_prints_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         "512",
         "--json",
     ]
-    assert fixtures.main(argv) == 0
+    assert cli.main(["fixtures", *argv]) == 0
     paths = json.loads(capsys.readouterr().out)
     assert Path(paths["exact"]["target"]).is_dir() and Path(paths["random"]["draft"]).is_dir()
     # the CLI's parameters are the tiny preset's: same folder as generate() with those values
@@ -205,7 +207,7 @@ def test_gpu_bound_preset_from_the_cli(tmp_path: Path, capsys: pytest.CaptureFix
         "cpu",
         "--json",
     ]
-    assert fixtures.main(argv) == 0
+    assert cli.main(["fixtures", *argv]) == 0
     assert list(json.loads(capsys.readouterr().out)) == ["exact"]
 
 
@@ -218,10 +220,8 @@ def test_deep_preset_only_doubles_the_target_depth() -> None:
 
 
 def test_bench_offers_every_fixture_preset() -> None:
-    from bench import cli
-
     for name in fixtures.PRESETS:
-        assert cli.parse(["--fixture-preset", name]).fixture_preset == name
+        assert arguments.parse(["--fixture-preset", name]).fixture_preset == name
 
 
 def test_unavailable_device_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -249,7 +249,7 @@ def test_unavailable_device_is_a_clear_error(tmp_path: Path, capsys: pytest.Capt
         "--max-positions",
         "512",
     ]
-    assert fixtures.main(argv) == 1
+    assert cli.main(["fixtures", *argv]) == 1
     assert "fixture device 'cuda' is not available here" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # nothing half-written
 

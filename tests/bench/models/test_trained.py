@@ -15,6 +15,7 @@ import pytest
 from bench.models import fixtures
 from bench.models.corpus import CorpusError, code_corpus, code_prompts, source_files
 from bench.models.trained_params import TrainedParams, TrainingError, captured_layers
+from bench.run import settings as run_settings
 
 TOY = TrainedParams(
     hidden=64,
@@ -342,25 +343,28 @@ def test_presets_and_pairs_for_the_benchmark() -> None:
 
 
 def test_cli_refuses_a_parameter_of_the_other_kind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as e:
-        fixtures.main(["--preset", "trained", "--root", str(tmp_path), "--layers", "4"])
-    assert e.value.code == 2 and "preset trained has no parameter --layers" in capsys.readouterr().err
+    from bench import cli
+
+    assert cli.main(["fixtures", "--preset", "trained", "--root", str(tmp_path), "--layers", "4"]) == 2
+    assert "preset trained has no parameter --layers" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before anything was built
 
 
 def test_the_bench_sends_a_trained_sets_own_prompts_unless_told(
     fx: fixtures.Fixtures, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from bench import cli
     from bench.run import client
     from bench.run.arguments import parser
 
     monkeypatch.setattr(fixtures, "generate", lambda params, root=None, quiet=False: fx)  # the set, made once above
-    own = cli._target(parser().parse_args(["--fixture-preset", "trained"]), tmp_path, tmp_path)
+    own = run_settings.run_target(parser().parse_args(["--fixture-preset", "trained"]), tmp_path, tmp_path)
     assert fx.prompts_file() is not None and own.prompts_file == str(fx.prompts_file())
     assert list(own.prompts) == client.load_prompts(fx.prompts_file()) and len(set(own.prompts)) == TOY.prompt_count
     told = tmp_path / "mine.txt"
     told.write_text("first\nsecond\n")
-    mine = cli._target(parser().parse_args(["--fixture-preset", "trained", "--prompts", str(told)]), tmp_path, tmp_path)
+    mine = run_settings.run_target(
+        parser().parse_args(["--fixture-preset", "trained", "--prompts", str(told)]), tmp_path, tmp_path
+    )
     assert (mine.prompts, mine.prompts_file) == (("first", "second"), str(told))
 
 

@@ -16,7 +16,11 @@ from bench import cli  # noqa: E402
 from bench.configs import CONFIGS, parse_configs  # noqa: E402
 from bench.results import logparse  # noqa: E402
 from bench.results.logparse import parse_log, parse_metrics, parse_threshold, rank_of  # noqa: E402
-from bench.run import client  # noqa: E402
+from bench.run import (
+    arguments,  # noqa: E402
+    client,  # noqa: E402
+)
+from bench.run import settings as run_settings  # noqa: E402
 from bench.run.server import (  # noqa: E402
     ServerSpec,
     TreeError,
@@ -197,9 +201,9 @@ def test_captured_graph_sets_from_a_real_switch_server_log() -> None:
 
 
 def test_each_level_spans_several_waves() -> None:
-    assert cli.requests_for_level(30, 3, 1) == 30  # low concurrency: the user's request count
-    assert cli.requests_for_level(30, 3, 100) == 300  # high: three waves, not one
-    assert cli.requests_for_level(30, 1, 250) == 250
+    assert run_settings.requests_for_level(30, 3, 1) == 30  # low concurrency: the user's request count
+    assert run_settings.requests_for_level(30, 3, 100) == 300  # high: three waves, not one
+    assert run_settings.requests_for_level(30, 1, 250) == 250
 
 
 def test_waves_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
@@ -283,13 +287,13 @@ def test_decode_rates_leave_out_a_profiles_wave() -> None:
     ],
 )
 def test_extra_flags_take_a_single_server_flag(argv: list[str]) -> None:
-    args = cli.parse([*argv, "--quick"])
+    args = arguments.parse([*argv, "--quick"])
     assert args.extra_flags == "--disable-piecewise-cuda-graph"
     assert args.quick
 
 
 def test_extra_flags_take_several_server_flags() -> None:
-    args = cli.parse(["--extra-flags", "--attention-backend flashinfer", "--concurrency", "10"])
+    args = arguments.parse(["--extra-flags", "--attention-backend flashinfer", "--concurrency", "10"])
     assert args.extra_flags == "--attention-backend flashinfer"
     assert args.concurrency == [10]
 

@@ -30,6 +30,8 @@ from bench.results.records import (  # noqa: E402
     RunResults,
     read_results,
 )
+from bench.run import arguments  # noqa: E402
+from bench.run import settings as run_settings  # noqa: E402
 
 DOCS_RESULTS = sorted((ROOT / "docs" / "bench").glob("*/results.json"))
 # results.json files with the results.md and results.csv that `bench report` drew from them before
@@ -220,15 +222,20 @@ def test_stored_analysis_reads_what_analyse_wrote() -> None:
 
 
 def test_run_settings_apply_the_quick_defaults() -> None:
-    quick = cli.RunSettings.from_args(cli.parse(["--quick"]))
+    quick = run_settings.RunSettings.from_args(arguments.parse(["--quick"]))
     assert (quick.levels, quick.num_requests, quick.waves, quick.max_new_tokens) == (
-        tuple(cli.QUICK_LEVELS),
+        tuple(arguments.QUICK_LEVELS),
         10,
         1,
         128,
     )
-    full = cli.RunSettings.from_args(cli.parse(["--no-ignore-eos", "--switch-thresholds", "8,6"]))
-    assert (full.levels, full.num_requests, full.waves, full.max_new_tokens) == (tuple(cli.FULL_LEVELS), 30, 3, 512)
+    full = run_settings.RunSettings.from_args(arguments.parse(["--no-ignore-eos", "--switch-thresholds", "8,6"]))
+    assert (full.levels, full.num_requests, full.waves, full.max_new_tokens) == (
+        tuple(arguments.FULL_LEVELS),
+        30,
+        3,
+        512,
+    )
     assert full.sampling == {"temperature": 0.0, "max_new_tokens": 512, "ignore_eos": False}
     assert full.switch_thresholds == (8, 6)
     with pytest.raises(dataclasses.FrozenInstanceError):

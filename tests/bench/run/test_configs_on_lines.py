@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
-from bench import cli
 from bench.configs import CONFIGS
 from bench.models.fixtures import FixtureParams, generate
 from bench.results.records import RunResults
+from bench.run import settings as run_settings
+from bench.run import sweep
 from bench.run.arguments import parser
 from bench.run.server import ServerSpec, cuda_graph_max_bs_flag, missing_environ, missing_server_args
 from tools.project import Project, default_root
@@ -74,13 +75,13 @@ def _case(name: str, spec: ServerSpec) -> dict[str, Any]:
 
 def _bench_cases(tree: Path, models: tuple[str, str], out: Path) -> list[dict[str, Any]]:
     """Every config the benchmark would serve from this tree, with the flags it would pass."""
-    settings = cli.RunSettings.from_args(parser().parse_args(["--switch-thresholds", "4,3"]))
+    settings = run_settings.RunSettings.from_args(parser().parse_args(["--switch-thresholds", "4,3"]))
     results = RunResults(meta={})
     cases = []
     for cfg in CONFIGS.values():
         if missing_server_args(tree, cfg.server_args_needed()) or missing_environ(tree, list(cfg.env_needed)):
             continue  # the bench refuses it on this tree, by name (test_bench_adaptive)
-        flags = cli.server_flags(cfg, settings, results, out)
+        flags = sweep.server_flags(cfg, settings, results, out)
         cases.append(_case(cfg.name, ServerSpec(models[0], models[1], 1, flags, dict(cfg.env))))
     return cases
 

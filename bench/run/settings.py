@@ -1,0 +1,101 @@
+"""What one run of the sweep is, fixed once from its command line: the settings of every config's
+sweep and the target (tree, models, prompts, output folder)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.errors import BenchUsageError
+from bench.models import fixtures
+from bench.results import profile
+from bench.run import client
+from bench.run.arguments import FULL_LEVELS, QUICK_LEVELS
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What each config's sweep does, fixed once from the command line (the --quick defaults applied)."""
+
+    levels: tuple[int, ...]
+    num_requests: int  # per level, at least waves x the level
+    waves: int
+    max_new_tokens: int
+    temperature: float
+    ignore_eos: bool
+    tp: int
+    max_running_requests: int
+    extra_flags: str  # for every config's server, one string
+    switch_thresholds: tuple[int, int] | None  # N, M for the switch configs; None: from a recommendation
+    thresholds_from: Path | None  # results.json whose recommendation to use
+    profile_at: tuple[int, ...]  # profile one wave at each of these concurrencies after the levels
+    profile_steps: int
+    profile_window: profile.ProfileWindow
+    keep_traces: bool
+    freeze_gc: bool  # POST /freeze_gc after each server's warm-up
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RunSettings:
+        quick = args.quick
+        return cls(
+            levels=tuple(args.concurrency or (QUICK_LEVELS if quick else FULL_LEVELS)),
+            num_requests=args.num_requests if args.num_requests is not None else (10 if quick else 30),
+            waves=args.waves if args.waves is not None else (1 if quick else 3),
+            max_new_tokens=args.max_new_tokens or (128 if quick else 512),
+            temperature=args.temperature,
+            ignore_eos=not args.no_ignore_eos,
+            tp=args.tp,
+            max_running_requests=args.max_running_requests,
+            extra_flags=args.extra_flags,
+            switch_thresholds=args.switch_thresholds,
+            thresholds_from=args.thresholds_from,
+            profile_at=tuple(args.profile_at or ()),
+            profile_steps=args.profile_steps,
+            profile_window=profile.ProfileWindow(args.profile_window),
+            keep_traces=args.keep_traces,
+            freeze_gc=args.freeze_gc,
+        )
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        return {"temperature": self.temperature, "max_new_tokens": self.max_new_tokens, "ignore_eos": self.ignore_eos}
+
+
+@dataclass(frozen=True)
+class RunTarget:
+    """What the configs' servers serve and are sent, and where the run writes."""
+
+    tree: Path
+    model: str
+    draft: str | None
+    prompts: tuple[str, ...]
+    out: Path
+    prompts_file: str  # where the prompts came from, for the run's meta
+
+    def prompts_for_level(self, n: int, offset: int = 0) -> list[str]:
+        return client.prompts_for_level(list(self.prompts), n, offset)
+
+
+def requests_for_level(num_requests: int, waves: int, concurrency: int) -> int:
+    return max(num_requests, waves * concurrency)
+
+
+def run_target(args: argparse.Namespace, tree: Path, out: Path) -> RunTarget:
+    """The models (the fixtures unless --model) and the prompts."""
+    model, draft, prompts_file = args.model, args.draft_model, args.prompts
+    if model is None:
+        fx = fixtures.generate(fixtures.PRESETS[args.fixture_preset])
+        t, d = fx.pair(args.fixture_pair or fixtures.default_pair(args.fixture_preset))
+        model, draft = str(t), draft or str(d)
+        # A trained set's own held-out prompts: hundreds, so no wave holds one prompt twice (the
+        # shared set's 38 would, and whether two such requests share KV depends on timing).
+        prompts_file = prompts_file or fx.prompts_file()
+    try:
+        prompts = client.load_prompts(prompts_file)
+    except (OSError, ValueError) as e:
+        raise BenchUsageError(f"--prompts: {e}") from None
+    if args.chat_template:
+        prompts = client.apply_chat_template(prompts, model)
+    return RunTarget(tree, model, draft, tuple(prompts), out, str(prompts_file or client.DEFAULT_PROMPTS.name))
