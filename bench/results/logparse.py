@@ -8,7 +8,7 @@ Tolerant of small format changes. Recognised:
   lines, and its ``Prefill batch`` lines (an interval with a prefill is not a steady decode);
 - the rank from the log prefix ``[... TP<k>]`` (rank 0 when absent);
 - Prometheus counters ``sglang:spec_switch_{spec_steps,fallback_steps,switches}_total`` and the
-  learned threshold ``sglang:spec_switch_threshold``;
+  learned threshold ``sglang:spec_switch_threshold`` (read with prometheus_client's parser);
 - CUDA graph capture: ``Capture cuda graph bs [..]`` followed by ``Capture cuda graph end`` (the
   target's own set) or ``Capture plain-decode cuda graph ... end`` (the plain-decode graphs patch's set), with their
   ``Time elapsed: X s`` and ``mem usage=Y GB``.
@@ -17,7 +17,11 @@ Tolerant of small format changes. Recognised:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 _RANK = re.compile(r"\bTP(\d+)\b")
 _STATE = re.compile(
@@ -38,7 +42,6 @@ _CAPTURE_END = re.compile(
     r"Capture (?P<plain>plain-decode )?cuda graph\b.*?\bend\b.*?Time elapsed:\s*(?P<s>[\d.]+)\s*s"
     r".*?mem usage=\s*(?P<gb>[-\d.]+)\s*GB"
 )
-_METRIC = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{[^}]*\})?\s+(?P<val>[-+0-9.eEinfNa]+)\s*$")
 PROFILING = "Profiling starts"  # SGLang's log line when /start_profile begins
 METRIC_KEYS = {"spec_steps": "spec_steps", "fallback_steps": "fallback_steps", "switches": "switches"}
 
@@ -187,25 +190,27 @@ def decode_throughput_by_batch_size(text: str, rank: int = 0) -> dict[int, list[
     return out
 
 
+def _samples(text: str) -> Iterator[Sample]:
+    """The samples of a /metrics page, as far as prometheus_client's parser reads it (a page cut
+    short ends the samples there)."""
+    try:
+        for family in text_string_to_metric_families(text):
+            yield from family.samples
+    except ValueError:
+        return
+
+
 def parse_metrics(text: str) -> Counters | None:
     """Sum the spec-switch counters over label sets; None when none is exported."""
     found: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#") or "spec_switch" not in line:
-            continue
-        m = _METRIC.match(line.strip())
-        if not m:
-            continue
-        name = m.group("name")
-        if name.endswith("_created"):
+    for sample in _samples(text):
+        name = sample.name
+        if "spec_switch_" not in name or name.endswith("_created"):
             continue
         base = name.split("spec_switch_", 1)[1]
         base = base[: -len("_total")] if base.endswith("_total") else base
         if base in METRIC_KEYS:
-            try:
-                found[base] = found.get(base, 0.0) + float(m.group("val"))
-            except ValueError:
-                continue
+            found[base] = found.get(base, 0.0) + sample.value
     if not found:
         return None
     return Counters(int(found.get("spec_steps", 0)), int(found.get("fallback_steps", 0)), int(found.get("switches", 0)))
@@ -213,10 +218,9 @@ def parse_metrics(text: str) -> Counters | None:
 
 def parse_threshold(text: str) -> int | None:
     """The learned switch threshold (``sglang:spec_switch_threshold``); None when not exported."""
-    for line in text.splitlines():
-        m = _METRIC.match(line.strip())
-        if m and m.group("name") == "sglang:spec_switch_threshold":
-            return int(float(m.group("val")))
+    for sample in _samples(text):
+        if sample.name == "sglang:spec_switch_threshold":
+            return int(sample.value)
     return None
 
 

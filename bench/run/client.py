@@ -1,4 +1,11 @@
-"""Load generation over SGLang's plain HTTP API (`/generate`, `/metrics`, `/flush_cache`)."""
+"""Load generation over SGLang's plain HTTP API (`/generate`, `/metrics`, `/flush_cache`).
+
+A level's requests run on one asyncio loop through one aiohttp session, not a thread per request:
+a level's requests finish together at the end of each wave and the next wave starts only as the
+client answers them, and with `requests` in threads (under the GIL) a wave of 250 took about 0.29 s
+to turn around on two cores (docs/measurements.md, 2026-12-02), time that lands in every wave
+boundary of the measured server. One-off control calls (/flush_cache, /metrics) use `requests`.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import aiohttp
 import requests
 
 from bench.errors import BenchError
-from bench.run.http_post import post_json
 
 DEFAULT_PROMPTS = Path(__file__).parents[1] / "data" / "coding_prompts.jsonl"
 
@@ -84,16 +91,26 @@ def _result(prompt: str, status: int, text: str, latency: float) -> Result:
 
 
 async def _generate_async(
-    url: str, prompt: str, sampling: dict[str, Any], timeout: float, extra: dict[str, Any] | None
+    session: aiohttp.ClientSession,
+    url: str,
+    prompt: str,
+    sampling: dict[str, Any],
+    timeout: float,
+    extra: dict[str, Any] | None,
 ) -> Result:
     t0 = time.perf_counter()
     try:
-        status, body = await post_json(url, "/generate", _request(prompt, sampling, extra), timeout)
+        async with session.post(
+            url + "/generate", json=_request(prompt, sampling, extra), timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as reply:
+            status, text = reply.status, await reply.text(errors="replace")
     except asyncio.TimeoutError:
         return Result(prompt, latency=time.perf_counter() - t0, error=f"TimeoutError: no reply within {timeout:g} s")
-    except OSError as e:
+    except aiohttp.ClientConnectorError as e:  # named by the OS's error: ConnectionRefusedError...
+        return Result(prompt, latency=time.perf_counter() - t0, error=f"{type(e.os_error).__name__}: {e}")
+    except (aiohttp.ClientError, OSError) as e:
         return Result(prompt, latency=time.perf_counter() - t0, error=f"{type(e).__name__}: {e}")
-    return _result(prompt, status, body.decode("utf-8", errors="replace"), time.perf_counter() - t0)
+    return _result(prompt, status, text, time.perf_counter() - t0)
 
 
 @dataclass
@@ -174,18 +191,21 @@ async def _run_level(
     done = 0
     t0 = time.perf_counter()
 
-    async def sender() -> None:
+    async def sender(session: aiohttp.ClientSession) -> None:
         nonlocal done
         for i in pending:  # one shared iterator: each sender takes the next prompt when it is free
             started = time.perf_counter() - t0
-            res = await _generate_async(url, prompts[i], sampling, timeout, {**extra, **by_prompt.get(prompts[i], {})})
+            fields = {**extra, **by_prompt.get(prompts[i], {})}
+            res = await _generate_async(session, url, prompts[i], sampling, timeout, fields)
             res.started = started
             results[i] = res
             done += 1
             if on_done:
                 on_done(done, len(prompts))
 
-    await asyncio.gather(*(sender() for _ in range(max(1, min(concurrency, len(prompts))))))
+    # No connection limit of the session's own: the senders are the level's concurrency.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        await asyncio.gather(*(sender(session) for _ in range(max(1, min(concurrency, len(prompts))))))
     return LevelRun(concurrency, time.perf_counter() - t0, [r for r in results if r is not None])
 
 

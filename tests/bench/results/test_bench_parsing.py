@@ -78,6 +78,9 @@ def test_parse_metrics() -> None:
     assert c is not None and c.as_dict() == {"spec_steps": 120, "fallback_steps": 55, "switches": 4}
     assert parse_metrics("sglang:num_running_reqs 3\n") is None
     assert parse_metrics("") is None
+    # A page cut short: the samples before the break still count.
+    cut = METRICS + 'sglang:spec_switch_switches_total{tp_rank="0"'
+    assert parse_metrics(cut) == c
 
 
 def test_parse_configs_orders_baselines_first() -> None:
