@@ -46,10 +46,9 @@ VENV_PYTHON := .venv/bin/python
 override PYTHON := $(or $(PYTHON),$(VENV_PYTHON))
 PY := $(call quote,$(PYTHON))
 SETUP = $(if $(filter $(VENV_PYTHON),$(PYTHON)),bash ci/bootstrap-venv.sh,true)
-# A release line with its own requirements runs its patch tests in .venv-<ref>, which holds those
-# over .venv (its SGLang release imports another transformers than 0.5.9's).
-LINE_REQ = $(if $(SGLANG_REF),$(wildcard lines/$(SGLANG_REF)/requirements.txt))
-LINE_SETUP = $(if $(LINE_REQ),bash ci/bootstrap-venv.sh $(LINE_REQ) .venv-$(SGLANG_REF),true)
+# A release line with its own requirements runs its patch tests in its own venv, which holds those
+# over .venv (its SGLang release imports another transformers than 0.5.9's); the tool names both.
+LINE_SETUP = req="$$($(TOOL) line requirements)" && { [ -z "$$req" ] || bash ci/bootstrap-venv.sh "$$req" "$$($(TOOL) line venv)"; }
 
 export SGLANG_REPO
 
@@ -109,4 +108,4 @@ new: ## a commit message template for a new patch: make new SUBJECT='area: what 
 	$(TOOL) new $(call quote,$(SUBJECT))
 
 bundle: check ## offline bundle (.gpu) of a line's patched tree for a GPU machine without network, stamped with its series
-	bash ci/gpu/make-bundle.sh '$(SGLANG_REF)' "$$($(TOOL) tree)"
+	PYTHON=$(PY) bash ci/gpu/make-bundle.sh '$(SGLANG_REF)' "$$($(TOOL) tree)"

@@ -70,6 +70,36 @@ def cmd_tree(args: argparse.Namespace, project: Project) -> int:
     return 0
 
 
+def line_paths(args: argparse.Namespace, project: Project) -> dict[str, str | Path | None]:
+    """The SGLang ref of the line --ref names and each of its paths, by the name `tools line`
+    prints it under."""
+    from tools.apply import resolve_ref
+
+    return {
+        "ref": resolve_ref(project, args.ref),
+        "dir": project.line_dir,
+        "series": project.series_path,
+        "patches": project.patches_dir,
+        "lock": project.lock_path,
+        "tree": _tree(args, project),
+        "requirements": project.line_requirements,
+        "venv": project.line_venv if project.line_requirements else None,
+        "gpu-wheels": project.gpu_wheels,
+    }
+
+
+def cmd_line(args: argparse.Namespace, project: Project) -> int:
+    """A line's ref and paths, asked by make and the GPU scripts rather than spelt out in each:
+    one path for a field (empty when the line has none), else `field<TAB>path` per line."""
+    paths = line_paths(args, project)
+    if args.field:
+        print(paths[args.field] or "")
+        return 0
+    for name, path in paths.items():
+        print(f"{name}\t{path or ''}")
+    return 0
+
+
 def cmd_refresh(args: argparse.Namespace, project: Project) -> int:
     from tools.export import export_tree
 
@@ -252,6 +282,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("install", help="pip install --no-deps -e <tree>/python").set_defaults(func=cmd_install)
     sub.add_parser("tree", help="print the patched tree of the line --ref names").set_defaults(func=cmd_tree)
+    ln = sub.add_parser("line", help="print the paths of the line --ref names (one field, or all)")
+    ln.add_argument(
+        "field",
+        nargs="?",
+        choices=["ref", "dir", "series", "patches", "lock", "tree", "requirements", "venv", "gpu-wheels"],
+        help="venv and requirements are empty for a line that uses .venv",
+    )
+    ln.set_defaults(func=cmd_line)
 
     t = sub.add_parser("test", help="tool tests, then each patch's Tests on the series up to it")
     t.add_argument("--patches-only", action="store_true", help="skip the tool's own tests")

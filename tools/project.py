@@ -59,9 +59,20 @@ class Project:
         return req if self.line is not None and req.is_file() else None
 
     @property
-    def line_python(self) -> Path:
+    def line_venv(self) -> Path:
         """Where `make test SGLANG_REF=<line>` sets that environment up."""
-        return self.root / f".venv-{self.line}" / "bin" / "python"
+        return self.root / f".venv-{self.line}"
+
+    @property
+    def line_python(self) -> Path:
+        return self.line_venv / "bin" / "python"
+
+    @property
+    def gpu_wheels(self) -> Path:
+        """The wheel list of the line's offline GPU bundle (a line without one is CPU-tested only)."""
+        if self.line is None:
+            return self.root / "ci" / "gpu" / "wheels.txt"
+        return self.line_dir / "gpu-wheels.txt"
 
     def with_line(self, line: str | None) -> Project:
         return Project(self.root, line)

@@ -4,15 +4,19 @@
 # commits are the patches).
 #   bash ci/gpu/make-bundle.sh [REF [TREE]]   # REF: a line (default: the ref pinned in sglang.lock);
 #                                             # TREE: default build/sglang-<REF>
-# The wheel list is lines/<REF>/gpu-wheels.txt for a line kept under lines/, else ci/gpu/wheels.txt.
+# The line's ref, folder and wheel list come from the toolkit (`python -m tools line`), as make's do.
+# PYTHON: the Python with the toolkit's packages (default .venv/bin/python, as make sets it up).
 # BUNDLE_SCRIPT: another builder taking DEST TREE WHEELS (default ci/gpu/build-bundle.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-pinned=$(sed -n 's/.*"ref": *"\([^"]*\)".*/\1/p' sglang.lock)
-ref="${1:-$pinned}"
-tree="${2:-build/sglang-$ref}"
-if [ "$ref" = "$pinned" ]; then wheels=ci/gpu/wheels.txt; else wheels="lines/$ref/gpu-wheels.txt"; fi
-[ "$ref" = "$pinned" ] || [ -d "lines/$ref" ] || { echo "make-bundle: no line $ref (lines/ holds: $(ls lines | tr '\n' ' '))" >&2; exit 2; }
+line() { "${PYTHON:-.venv/bin/python}" -m tools ${1:+--ref "$1"} line "$2"; }
+ref=$(line "${1:-}" ref) || { echo "make-bundle: the toolkit could not name the line ${1:-}" >&2; exit 2; }
+dir=$(line "$ref" dir)
+pinned=$(line "" ref)
+tree="${2:-$(line "$ref" tree)}"
+wheels=$(realpath --relative-to=. "$(line "$ref" gpu-wheels)")
+line_dir=$(realpath --relative-to=. "$dir")
+[ "$ref" = "$pinned" ] || [ "$line_dir" != . ] || { echo "make-bundle: no line $ref (lines/ holds: $(ls lines | tr '\n' ' '))" >&2; exit 2; }
 [ -f "$wheels" ] || { echo "make-bundle: the line $ref has no GPU wheel list ($wheels): it is CPU-tested only" >&2; exit 2; }
 [ -d "$tree/python/sglang" ] || { echo "make-bundle: no patched tree at $tree: run make apply SGLANG_REF=$ref first" >&2; exit 2; }
 if [ -n "$(git -C "$tree" status --porcelain --untracked-files=no)" ]; then
@@ -21,5 +25,6 @@ if [ -n "$(git -C "$tree" status --porcelain --untracked-files=no)" ]; then
 fi
 bash "${BUNDLE_SCRIPT:-ci/gpu/build-bundle.sh}" .gpu "$tree" "$wheels"
 echo "$ref" > .gpu/line
-bash ci/gpu/patches-stamp.sh "$ref" > .gpu/patches.sha256
+echo "$line_dir" > .gpu/line-dir
+bash ci/gpu/patches-stamp.sh "$line_dir" > .gpu/patches.sha256
 echo "make-bundle: .gpu holds $tree (line $ref), series stamp $(cat .gpu/patches.sha256)"

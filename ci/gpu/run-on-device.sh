@@ -22,7 +22,7 @@ log() { echo "[run-on-device] $*" | tee -a "$OUT/run-on-device.log" >&2; }
 
 [ -f .gpu/setup.sh ] && [ -f .gpu/tree.tar.xz ] || { log "no .gpu/ bundle: build it with make bundle [SGLANG_REF=<line>] and carry .gpu"; exit 2; }
 line=$(cat .gpu/line 2>/dev/null || true)
-stamp=$(bash ci/gpu/patches-stamp.sh "$line")
+stamp=$(bash ci/gpu/patches-stamp.sh "$(cat .gpu/line-dir 2>/dev/null || echo .)")
 if [ "$(cat .gpu/patches.sha256 2>/dev/null)" != "$stamp" ] && [ -z "${ALLOW_STALE_BUNDLE:-}" ]; then
   log "the .gpu bundle was not built from this checkout's patches (stamp $(cat .gpu/patches.sha256 2>/dev/null || echo missing), series $stamp):"
   log "run 'make bundle SGLANG_REF=${line:-<ref>}' here and carry .gpu again (ALLOW_STALE_BUNDLE=1 runs it anyway)"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,7 @@ def _git(cwd: Path, *args: str) -> str:
 def project(tmp_path: Path) -> Path:
     proj = tmp_path / "proj"
     shutil.copytree(ROOT / "ci" / "gpu", proj / "ci" / "gpu")
+    shutil.copytree(ROOT / "tools", proj / "tools", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "patches", proj / "patches")
     shutil.copytree(ROOT / "lines", proj / "lines")
     for name in ("series", "sglang.lock"):
@@ -59,6 +61,7 @@ def _run(project: Path, *cmd: str, **env: str) -> subprocess.CompletedProcess[st
         "PATH": "/usr/bin:/bin",
         "BUNDLE_SCRIPT": str(project.parent / "build-bundle.sh"),
         "OUT": str(project / "out"),
+        "PYTHON": sys.executable,  # the toolkit's, which names the line's paths
         **env,
     }
     return subprocess.run(["bash", *cmd], cwd=project, env=full_env, capture_output=True, text=True, timeout=120)
@@ -100,9 +103,10 @@ def test_a_line_bundle_carries_its_wheels_and_its_own_stamp(project: Path) -> No
     assert made.returncode == 0, made.stderr
     gpu = project / ".gpu"
     assert (gpu / "line").read_text().strip() == "v0.5.15"
+    assert (gpu / "line-dir").read_text().strip() == "lines/v0.5.15"
     assert (gpu / "wheels-used").read_text().strip() == "lines/v0.5.15/gpu-wheels.txt"
     stamp = (gpu / "patches.sha256").read_text().strip()
-    assert stamp == _run(project, "ci/gpu/patches-stamp.sh", "v0.5.15").stdout.strip()
+    assert stamp == _run(project, "ci/gpu/patches-stamp.sh", "lines/v0.5.15").stdout.strip()
     assert stamp != _run(project, "ci/gpu/patches-stamp.sh").stdout.strip()
     fresh = _run(project, "ci/gpu/run-on-device.sh", "env")
     assert "not built from this checkout's patches" not in fresh.stderr and "setup done" in fresh.stderr

@@ -95,3 +95,21 @@ def test_one_place_decides_a_lines_tree() -> None:
     ).stdout.strip()
     assert Path(told) == ROOT / "build" / "sglang-v0.5.15" == line_tree("v0.5.15")
     assert "make-bundle.sh 'v0.5.15' \"$(" in make("-n", "bundle", "SGLANG_REF=v0.5.15", "PYTHON=python3").stdout
+
+
+def test_one_place_names_a_lines_paths() -> None:
+    def line(*args: str) -> dict[str, str]:
+        out = subprocess.run(
+            [sys.executable, "-m", "tools", *args, "line"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout
+        return dict(row.split("\t", 1) for row in out.splitlines())
+
+    default, release = line(), line("--ref", "v0.5.15")
+    assert default["dir"] == str(ROOT) and default["requirements"] == default["venv"] == ""
+    assert default["gpu-wheels"] == str(ROOT / "ci" / "gpu" / "wheels.txt")
+    assert release["dir"] == str(ROOT / "lines" / "v0.5.15") and release["ref"] == "v0.5.15"
+    assert release["requirements"] == str(ROOT / "lines" / "v0.5.15" / "requirements.txt")
+    assert release["venv"] == str(ROOT / ".venv-v0.5.15") and release["tree"] == str(ROOT / "build" / "sglang-v0.5.15")
+    # make asks the tool for the line's environment instead of spelling out lines/<ref>/ itself.
+    recipe = make("-n", "test", "SGLANG_REF=v0.5.15", "PYTHON=python3").stdout
+    assert "-m tools --ref v0.5.15  line requirements" in recipe and "lines/" not in recipe
