@@ -371,14 +371,20 @@ def test_the_step_before_a_catch_up_is_not_a_plain_measurement():
 def test_one_bucket_on_the_wrong_side_does_not_cancel_the_others():
     """One request's poor acceptance at a batch of 1 made that bucket lose on the H200, which
     turned speculation off at every size while larger batches still gained from it."""
-    from sglang.srt.speculative.spec_switch_auto import fit_threshold
+    from sglang.srt.speculative.spec_switch_auto import BucketGain, fit_threshold
 
-    gains = [(1, -0.2), (5, 0.3), (10, 0.25), (30, -0.3)]
-    assert 10 <= fit_threshold(gains, prior=8) < 30
-    assert fit_threshold([(1, -0.2), (5, -0.1)], prior=8) == 0  # where every bucket loses
-    assert fit_threshold([(5, 0.3), (10, 0.2)], prior=8) == 10  # wins up to 10, nothing measured above
-    assert fit_threshold([(5, 0.3), (12, 0.2)], prior=16) == 16  # the prior above what was measured
+    def at(*measured: tuple[float, float]) -> list[BucketGain]:
+        return [BucketGain(size, math.floor(size), gain) for size, gain in measured]
+
+    assert 10 <= fit_threshold(at((1, -0.2), (5, 0.3), (10, 0.25), (30, -0.3)), prior=8) < 30
+    assert fit_threshold(at((1, -0.2), (5, -0.1)), prior=8) == 0  # where every bucket loses
+    assert fit_threshold(at((5, 0.3), (10, 0.2)), prior=8) == 10  # wins up to 10, nothing measured above
+    assert fit_threshold(at((5, 0.3), (12, 0.2)), prior=16) == 16  # the prior above what was measured
     assert fit_threshold([], prior=8) == 8
+    # The largest batch measured in the last winning bucket, not its mean, bounds speculation.
+    tails = [BucketGain(5, 5, 0.3), BucketGain(29.4, 30, 0.2), BucketGain(40, 41, -0.3)]
+    assert fit_threshold(tails, prior=8) >= 30
+    assert fit_threshold(tails[:2], prior=8) == 30
 
 
 def test_one_poor_request_at_a_batch_of_1_does_not_stop_speculation_for_the_next(rank):
@@ -401,3 +407,16 @@ def test_acceptance_learnt_at_one_batch_size_moves_the_threshold_at_others(rank)
     before = serve([rank], [(5, 300), (28, 600), (12, 300)], good)
     after = serve([rank], [(5, 400)], poor)
     assert before[-1] >= 20 and after[-1] < 12, (before, after)
+
+
+def test_the_batch_size_that_won_is_kept_when_wave_tails_lower_the_mean(rank):
+    """On the H200 at C=30 the bucket 28-31 won, but each wave's tail (29, 28, ...) put its mean
+    batch below 30 and the threshold went 30 -> 29 -> 28: the traffic's own batch then decoded
+    plain. A bucket that wins speculates up to the largest batch measured in it."""
+    gpu = SimulatedGpu(accept_length=3.0)
+    assert gpu.crossover() > 40  # at 30 speculation gains past the margin
+    serve([rank], [(10, 300)], gpu)
+    waves = [(30, 40), (29, 4), (28, 4)] * 5
+    thresholds = serve([rank], waves, gpu)
+    assert min(thresholds[-6:]) >= 30, thresholds
+    assert rank.kinds[-48:].count("speculate") >= 44
