@@ -281,15 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_status)
 
     sub.add_parser("install", help="pip install --no-deps -e <tree>/python").set_defaults(func=cmd_install)
-    sub.add_parser("tree", help="print the patched tree of the line --ref names").set_defaults(func=cmd_tree)
-    ln = sub.add_parser("line", help="print the paths of the line --ref names (one field, or all)")
-    ln.add_argument(
-        "field",
-        nargs="?",
-        choices=["ref", "dir", "series", "patches", "lock", "tree", "requirements", "venv", "gpu-wheels"],
-        help="venv and requirements are empty for a line that uses .venv",
-    )
-    ln.set_defaults(func=cmd_line)
+    _add_line_info(sub)
 
     t = sub.add_parser("test", help="tool tests, then each patch's Tests on the series up to it")
     t.add_argument("--patches-only", action="store_true", help="skip the tool's own tests")
@@ -308,6 +300,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_rebase(sub)
     return p
+
+
+def _add_line_info(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    sub.add_parser("tree", help="print the patched tree of the line --ref names").set_defaults(func=cmd_tree)
+    ln = sub.add_parser("line", help="print the paths of the line --ref names (one field, or all)")
+    ln.add_argument(
+        "field",
+        nargs="?",
+        choices=["ref", "dir", "series", "patches", "lock", "tree", "requirements", "venv", "gpu-wheels"],
+        help="venv and requirements are empty for a line that uses .venv",
+    )
+    ln.set_defaults(func=cmd_line)
 
 
 def error_label(e: ToolError) -> str:
