@@ -20,7 +20,7 @@ from tools.upstream import pinned_ref
 logger = logging.getLogger(__name__)
 # What every line's CPU tests share from the default line's tests/patches (each line's conftest.py
 # finds it there): a copy in a line would shadow it, its own folder being first on sys.path.
-SHARED_TEST_FILES = ("cpu_harness.py", "kernel_refs.py", "stubs")
+SHARED_TEST_FILES = ("cpu_harness.py", "kernel_refs.py", "sglang_cpu.py", "spec_v2_cpu.py", "verify_cpu.py", "stubs")
 
 
 def _tests_prefix(project: Project) -> str:

@@ -24,7 +24,7 @@ NUM_REQS = 6
 def v2_env(tmp_path, monkeypatch, **server_args):
     """Pools and global server args for an overlap-scheduled topk-1 EAGLE-3 batch."""
     model_path = write_tiny_llama_config(tmp_path / "model")
-    make_server_args(
+    server_args = make_server_args(
         model_path,
         speculative_eagle_topk=1,
         speculative_num_steps=STEPS,
@@ -33,7 +33,7 @@ def v2_env(tmp_path, monkeypatch, **server_args):
         **server_args,
     )
     use_torch_kernels(monkeypatch)
-    return make_pools(model_path)
+    return make_pools(server_args)
 
 
 def handled_switch_args(tmp_path, **overrides):

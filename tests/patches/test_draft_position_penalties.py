@@ -33,8 +33,8 @@ PATHS = {"tree": TREE, "chain": CHAIN}
 @pytest.fixture
 def orchestrator(tmp_path):
     model_path = write_tiny_llama_config(tmp_path / "model")
-    make_server_args(model_path, speculative_eagle_topk=2, speculative_num_draft_tokens=6)
-    pools = make_pools(model_path)
+    server_args = make_server_args(model_path, speculative_eagle_topk=2, speculative_num_draft_tokens=6)
+    pools = make_pools(server_args)
     tokenizer = word_tokenizer(tmp_path / "tokenizer")
     reqs = [make_req(f"r{i}", 5 + i, sampling={"temperature": 0.0, **s}) for i, s in enumerate(SAMPLING)]
     for req in reqs:

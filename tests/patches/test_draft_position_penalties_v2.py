@@ -13,7 +13,7 @@ import copy
 
 import pytest
 import torch
-from verify_cpu import chain_verify_input, use_torch_verify, word_tokenizer
+from verify_cpu import use_torch_verify, verify_input, word_tokenizer
 
 from sglang_cpu import VOCAB, make_req, prefilled_decode_batch
 from switch_helpers import NUM_DRAFT_TOKENS, v2_env
@@ -81,13 +81,13 @@ def _verify(batch, draft_rows):
     mwb = batch.get_model_worker_batch()
     mwb.sampling_info = mwb.sampling_info.copy_for_forward()
     draft = torch.tensor(draft_rows, dtype=torch.int64)
-    verify_input = chain_verify_input(draft, batch.seq_lens)
+    chain = verify_input(draft, batch.seq_lens)
     # Each row's argmax is the next token of DRAFT: a plain decode would emit DRAFT, then 70.
     logits = torch.rand(draft.numel(), VOCAB, generator=torch.Generator().manual_seed(3))
     nxt = torch.tensor(DRAFT + [70]).repeat(len(draft))
     logits[torch.arange(len(nxt)), nxt] += 5.0
     raw = logits.clone()
-    predict, _, accept_index = verify_input.sample(mwb, LogitsProcessorOutput(next_token_logits=logits))
+    predict, _, accept_index = chain.sample(mwb, LogitsProcessorOutput(next_token_logits=logits))
     return raw, logits, accepted_token_ids(predict, accept_index), mwb
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from verify_cpu import chain_verify_input, logits_favouring, use_torch_verify
+from verify_cpu import logits_favouring, use_torch_verify, verify_input
 
 from sglang_cpu import make_req, prefilled_decode_batch
 from switch_helpers import NUM_DRAFT_TOKENS, v2_env
@@ -34,9 +34,9 @@ def _verify(env, reqs, drafts):
     # What the overlap scheduler hands the worker.
     mwb.sampling_info = mwb.sampling_info.copy_for_forward()
     draft_tokens = torch.tensor(drafts, dtype=torch.int64)
-    verify_input = chain_verify_input(draft_tokens, batch.seq_lens)
+    chain = verify_input(draft_tokens, batch.seq_lens)
     logits = logits_favouring(len(reqs) * NUM_DRAFT_TOKENS, FAVOURED)
-    predict, accept_length, accept_index = verify_input.sample(mwb, LogitsProcessorOutput(next_token_logits=logits))
+    predict, accept_length, accept_index = chain.sample(mwb, LogitsProcessorOutput(next_token_logits=logits))
     return [predict[accept_index[b, : int(accept_length[b])]].tolist() for b in range(len(reqs))]
 
 

@@ -43,7 +43,7 @@ REQUESTS = {
 @pytest.fixture
 def env(tmp_path):
     model_path = write_tiny_llama_config(tmp_path / "model")
-    make_server_args(
+    server_args = make_server_args(
         model_path,
         speculative_eagle_topk=1,
         speculative_num_steps=3,
@@ -51,7 +51,7 @@ def env(tmp_path):
         disable_overlap_schedule=False,
     )
     init_single_rank_groups()
-    return make_pools(model_path)
+    return make_pools(server_args)
 
 
 def _logprob_start_len_as_scheduled(req, sent: int) -> int:

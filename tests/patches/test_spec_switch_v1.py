@@ -28,9 +28,9 @@ STEPS = 3
 @pytest.fixture
 def env(tmp_path, monkeypatch):
     model_path = write_tiny_llama_config(tmp_path / "model")
-    make_server_args(model_path)
+    server_args = make_server_args(model_path)
     use_torch_kernels(monkeypatch)
-    return make_pools(model_path)
+    return make_pools(server_args)
 
 
 def _snapshot(batch):

@@ -40,7 +40,8 @@ def proj(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (root / "series").write_text("")
     (root / "tests/patches").mkdir(parents=True)
     (root / "tests/patches/test_x.py").write_text("def test_x():\n    pass\n")
-    (root / "tests/patches/cpu_harness.py").write_text("# shared by every line\n")
+    for shared in ("cpu_harness.py", "sglang_cpu.py", "spec_v2_cpu.py", "verify_cpu.py"):
+        (root / "tests/patches" / shared).write_text("# shared by every line\n")
     monkeypatch.setenv("SGLANG_REPO", str(up))
     assert tool(root, "--ref", "v1.0.0", "apply") == 0
     commit_in_tree(
@@ -63,7 +64,8 @@ def test_new_line_ports_a_copy_and_leaves_the_default_line(proj: Path, capsys: p
     patch = (line / "patches/knob.patch").read_text()
     assert " lines/v2.0.0/tests/patches/test_x.py::test_x" in patch, "the copy tests with its own copy"
     assert (line / "tests/patches/test_x.py").is_file()
-    assert not (line / "tests/patches/cpu_harness.py").exists(), "a copy would shadow the shared harness"
+    for shared in ("cpu_harness.py", "sglang_cpu.py", "spec_v2_cpu.py", "verify_cpu.py"):
+        assert not (line / "tests/patches" / shared).exists(), f"a copy of {shared} would shadow the shared one"
     assert snapshot(proj) == before
     assert json.loads((proj / "sglang.lock").read_text())["ref"] == "v1.0.0"
 

@@ -1,7 +1,7 @@
 """This line's CPU patch tests on its patched SGLang tree, through the harness all lines share.
 
-A line's own folder comes first on sys.path, so its sglang_cpu.py is the one its tests import; the
-shared folder (tests/patches: cpu_harness, kernel_refs, stubs) after it. Copied as is into each
+The shared folder (tests/patches: cpu_harness, sglang_cpu, verify_cpu, spec_v2_cpu, kernel_refs,
+stubs) goes on sys.path after the line's own, which holds the line's tests. Copied as is into each
 release line (lines/<ref>/tests/patches), it finds the project root from where it lies.
 """
 

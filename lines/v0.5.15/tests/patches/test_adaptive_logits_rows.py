@@ -43,7 +43,7 @@ def _runner(tmp_path: Path, *, draft: bool = False, **server_overrides):
     runner = object.__new__(ModelRunner)  # no model, no GPU: what max_decode_logits_rows reads
     runner.device, runner.server_args, runner.is_draft_worker = "cpu", server_args, draft
     runner.spec_algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
-    runner.req_to_token_pool = make_pools(model_path, max_reqs=CAPTURE_BS[-1]).req_to_token_pool
+    runner.req_to_token_pool = make_pools(server_args, max_reqs=CAPTURE_BS[-1]).req_to_token_pool
     return runner
 
 

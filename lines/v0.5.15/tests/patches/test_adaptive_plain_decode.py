@@ -121,12 +121,13 @@ class RecordingTarget:
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
+    from spec_v2_cpu import spec_v2_decode_batch
+
     from sglang_cpu import (
         init_single_rank_groups,
         make_pools,
         make_req,
         make_server_args,
-        spec_v2_decode_batch,
         use_torch_kernels,
         write_tiny_llama_config,
     )
@@ -135,7 +136,7 @@ def env(tmp_path, monkeypatch):
     server_args = make_server_args(model_path)
     use_torch_kernels(monkeypatch)
     init_single_rank_groups()
-    pools = make_pools(model_path)
+    pools = make_pools(server_args)
     reqs = [make_req(f"r{i}", prompt_len=5 + 4 * i) for i in range(NUM_REQS)]
     batch = spec_v2_decode_batch(pools, reqs, [100 + i for i in range(NUM_REQS)])
     events = []

@@ -2,7 +2,7 @@
 every emitted token counted once before the next step samples.
 
 SGLang 0.5.15's own objects on CPU: a real prefill, the overlap scheduler's bookkeeping in its order
-(sglang_cpu.OverlapScheduler), EAGLEWorkerV2.forward_batch_generation and verify, filter and merge,
+(spec_v2_cpu.OverlapLoop), EAGLEWorkerV2.forward_batch_generation and verify, filter and merge,
 steps=0 batches as upstream's one-token verify and as the plain decode of this line's 0002. The
 models are stood in for (their logits are the test's), and the native greedy tree walk runs as a
 torch reference. The reference for every penalty is SGLang's own plain-decode path, one request at
@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from spec_v2_cpu import spec_v2_server
 
-from sglang_cpu import VOCAB
+from sglang_cpu import VOCAB, make_req
 
 EOS = 2
 SAMPLING = [
@@ -37,14 +38,10 @@ NEW_FIRST = [44]
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
-    from sglang_cpu import spec_v2_server
-
     return spec_v2_server(tmp_path, monkeypatch)
 
 
 def _reqs(env, prefix, sampling):
-    from sglang_cpu import make_req
-
     return [
         make_req(f"{prefix}{i}", 5 + i, sampling={"temperature": 0.0, **s}, tokenizer=env.tokenizer)
         for i, s in enumerate(sampling)
@@ -89,20 +86,9 @@ def _chain(b):
     return CHAIN if b != REJECTED else REJECTED_CHAIN
 
 
-def _verify_chain(batch, chain):
-    from sglang_cpu import verify_input
-
-    roots = batch.spec_info.bonus_tokens.tolist()
-    return verify_input(torch.tensor([[root] + chain for root in roots]), batch.seq_lens)
-
-
-def _chain_plan(batch):
+def _chain_plan(reqs):
     """Each request drafts CHAIN after its pending token; the target agrees but for REJECTED."""
-    from sglang_cpu import verify_input
-
-    roots = batch.spec_info.bonus_tokens.tolist()
-    draft = torch.tensor([[root] + _chain(b) for b, root in enumerate(roots)])
-    return verify_input(draft, batch.seq_lens)
+    return [_chain(b) for b in range(len(reqs))]
 
 
 def _verify_rows_as_plain(env, sampling, emitted, num_draft, paths):
@@ -116,17 +102,17 @@ def _verify_rows_as_plain(env, sampling, emitted, num_draft, paths):
 
 
 def test_verify_penalises_each_draft_position_as_plain_decoding_would(env):
-    scheduler, model, reqs = env.scheduler, env.model, _reqs(env, "r", SAMPLING)
+    loop, model, reqs = env.loop, env.model, _reqs(env, "r", SAMPLING)
     model.plan = lambda fb: FIRST
-    batch = scheduler.prefill(reqs)
-    scheduler.prepare_decode(batch)
+    batch = loop.prefill(reqs)
+    loop.prepare_decode(batch)
     _check_counts(env, batch, SAMPLING, [[t] for t in FIRST])
 
-    env.draft.next_verify_input = _chain_plan
+    env.draft.draft_tokens = _chain_plan(reqs)
     num_draft = len(CHAIN) + 1
     # Row i predicts the token after draft position i: CHAIN[i], then the bonus 70.
     model.plan = lambda fb: [t for b in range(len(reqs)) for t in (CHAIN + [70] if b != REJECTED else [80] * num_draft)]
-    result = scheduler.run(batch)
+    result = loop.run(batch)
 
     _verify_rows_as_plain(env, SAMPLING, [[t] for t in FIRST], num_draft, [_chain(b) for b in range(len(reqs))])
     # min_new_tokens holds the EOS down until the output is long enough (request 2: 3 tokens).
@@ -144,31 +130,29 @@ def test_verify_penalises_each_draft_position_as_plain_decoding_would(env):
 
 
 def test_emitted_tokens_are_counted_once_through_filter_merge_and_zero_step_batches(env, monkeypatch):
-    scheduler, model, worker = env.scheduler, env.model, env.worker
+    loop, model, worker = env.loop, env.model, env.worker
     reqs = _reqs(env, "r", SAMPLING)
     model.plan = lambda fb: FIRST
-    batch = scheduler.prefill(reqs)
+    batch = loop.prefill(reqs)
     emitted = [[t] for t in FIRST]
 
     # A speculative step; the other requests accept the whole chain, REJECTED its bonus only.
-    scheduler.prepare_decode(batch)
-    env.draft.next_verify_input = _chain_plan
+    loop.prepare_decode(batch)
+    env.draft.draft_tokens = _chain_plan(reqs)
     model.plan = lambda fb: [t for b in range(len(reqs)) for t in (CHAIN + [70] if b != REJECTED else [80] * 4)]
-    scheduler.run(batch)
-    scheduler.process()  # the prefill's output
+    loop.run(batch)  # and, after its launch, the prefill's output
     emitted = [e + (CHAIN + [70] if b != REJECTED else [80]) for b, e in enumerate(emitted)]
 
     # A new prefill runs while the decode batch waits; then merge, and request 3 leaves.
     new_reqs = _reqs(env, "n", NEW_SAMPLING)
     model.plan = lambda fb: NEW_FIRST
-    new = scheduler.prefill(new_reqs)
-    scheduler.process()  # the speculative step's output
+    new = loop.prefill(new_reqs)  # and the speculative step's output
     batch.merge_batch(new)
     keep = [0, 1, 2, 4, 5, 6]
     batch.filter_batch(keep_indices=keep)
     sampling = [(SAMPLING + NEW_SAMPLING)[i] for i in keep]
     emitted = [(emitted + [[t] for t in NEW_FIRST])[i] for i in keep]
-    scheduler.prepare_decode(batch)
+    loop.prepare_decode(batch)
     _check_counts(env, batch, sampling, emitted)
     assert batch.spec_info.accepted_ids is None  # counted once
 
@@ -176,12 +160,11 @@ def test_emitted_tokens_are_counted_once_through_filter_merge_and_zero_step_batc
     worker.speculative_num_steps, worker.speculative_num_draft_tokens = 0, 1
     steps0 = [50 + b for b in range(len(keep))]
     model.plan = lambda fb: steps0
-    scheduler.run(batch)
+    loop.run(batch)  # and the new prefill's output
     assert env.target.seen[-1][0].forward_mode.is_target_verify()
     _verify_rows_as_plain(env, sampling, emitted, 1, [[]] * len(keep))
-    scheduler.process()  # the new prefill's output
     emitted = [e + [t] for e, t in zip(emitted, steps0, strict=True)]
-    scheduler.prepare_decode(batch)
+    loop.prepare_decode(batch)
     _check_counts(env, batch, sampling, emitted)
 
     # The line's plain decode at steps=0: the regular sampler, with the penalties of the forward
@@ -189,94 +172,76 @@ def test_emitted_tokens_are_counted_once_through_filter_merge_and_zero_step_batc
     monkeypatch.setenv("SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE", "1")
     plain = [70 + b for b in range(len(keep))]
     model.plan = lambda fb: plain
-    result = scheduler.run(batch)
+    result = loop.run(batch)  # and the steps=0 batch's output
     forward_batch, raw, logits = env.target.seen[-1]
     assert forward_batch.forward_mode.is_decode() and forward_batch.spec_info is None
     for b, s in enumerate(sampling):
         torch.testing.assert_close(logits[b : b + 1], _plain(env, s, emitted[b], raw[b : b + 1]))
     assert result.next_token_ids.tolist() == plain
-    scheduler.process()
     emitted = [e + [t] for e, t in zip(emitted, plain, strict=True)]
-    scheduler.prepare_decode(batch)
+    loop.prepare_decode(batch)
     _check_counts(env, batch, sampling, emitted)
-    scheduler.process()
+    loop.flush()
     assert [list(req.output_ids) for req in batch.reqs] == emitted
 
 
 def test_a_batch_that_penalises_nothing_merges_with_one_that_does(env):
     """A side whose forward copy penalised nothing leaves no tokens: the merge pads it."""
-    scheduler, model = env.scheduler, env.model
+    loop, model = env.loop, env.model
     none, penalised = [{}], [{"frequency_penalty": 0.7, "min_new_tokens": 3}]
-    env.draft.next_verify_input = lambda batch: _verify_chain(batch, CHAIN)
     model.plan = lambda fb: [40]
-    batch = scheduler.prefill(_reqs(env, "a", none))
-    scheduler.prepare_decode(batch)
+    batch = loop.prefill(_reqs(env, "a", none))
+    loop.prepare_decode(batch)
+    env.draft.draft_tokens = [CHAIN]
     model.plan = lambda fb: CHAIN + [70]
-    scheduler.run(batch)
-    scheduler.process()
+    loop.run(batch)  # and the prefill's output
 
     model.plan = lambda fb: [41]
-    new = scheduler.prefill(_reqs(env, "b", penalised))
-    scheduler.process()
+    new = loop.prefill(_reqs(env, "b", penalised))  # and the step's output
     batch.merge_batch(new)  # the running side carries nothing
-    scheduler.prepare_decode(batch)
+    loop.prepare_decode(batch)
     _check_counts(env, batch, none + penalised, [[40] + CHAIN + [70], [41]])
 
+    env.draft.draft_tokens = [CHAIN] * 2
     model.plan = lambda fb: (CHAIN + [70]) * 2
-    scheduler.run(batch)
-    scheduler.process()
+    loop.run(batch)  # and the second prefill's output
     model.plan = lambda fb: [42]
-    new = scheduler.prefill(_reqs(env, "c", none))
-    scheduler.process()
+    new = loop.prefill(_reqs(env, "c", none))  # and the step's output
     batch.merge_batch(new)  # the new side carries nothing
-    scheduler.prepare_decode(batch)
+    loop.prepare_decode(batch)
     emitted = [[40] + CHAIN + [70] + CHAIN + [70], [41] + CHAIN + [70], [42]]
     _check_counts(env, batch, none + penalised + none, emitted)
 
 
-TREE_NEXT = [1, 3, 5, -1, -1, -1]  # topk 2: root 0 -> 1, 2; 1 -> 3, 4; 2 -> 5
-TREE_SIBLING = [-1, 2, -1, 4, -1, -1]
+TREE_PARENT = [-1, 0, 0, 1, 1, 2]  # topk 2: root 0 -> 1, 2; 1 -> 3, 4; 2 -> 5
 TREE = [60, 61, 60, 30, 62]  # after the root; 60 repeats along 0 -> 1 -> 3, 30 was emitted
 
 
 def _tree_path(node):
-    parent = {}
-    for p, c in enumerate(TREE_NEXT):
-        while c != -1:
-            parent[c], c = p, TREE_SIBLING[c]
     path = []
     while node != 0:
         path.append(node)
-        node = parent[node]
+        node = TREE_PARENT[node]
     return path[::-1]
 
 
 def test_each_tree_node_is_penalised_with_its_own_path(tmp_path, monkeypatch):
     """topk > 1: the verify of a two-way tree, its rows against each node's own path."""
-    from sglang_cpu import spec_v2_server
-
     env = spec_v2_server(tmp_path, monkeypatch, speculative_eagle_topk=2, speculative_num_steps=2,
                          speculative_num_draft_tokens=len(TREE) + 1)  # fmt: skip
     # The accepted path's KV moves to the front on SGLang's torch path, not its triton copy.
     monkeypatch.setenv("SGLANG_NATIVE_MOVE_KV_CACHE", "1")
-    scheduler, model, reqs = env.scheduler, env.model, _reqs(env, "r", SAMPLING)
+    loop, model, reqs = env.loop, env.model, _reqs(env, "r", SAMPLING)
     model.plan = lambda fb: FIRST
-    batch = scheduler.prefill(reqs)
-    scheduler.prepare_decode(batch)
+    batch = loop.prefill(reqs)
+    loop.prepare_decode(batch)
 
-    def tree(batch):
-        from sglang_cpu import verify_input
-
-        roots = batch.spec_info.bonus_tokens.tolist()
-        draft = torch.tensor([[root] + TREE for root in roots])
-        return verify_input(draft, batch.seq_lens, TREE_NEXT, TREE_SIBLING, topk=2)
-
-    env.draft.next_verify_input = tree
+    env.draft.tree, env.draft.draft_tokens = TREE_PARENT, [TREE] * len(reqs)
     num_draft = len(TREE) + 1
     # The target takes the path 0 -> 2 -> 5 (60, 62), then the bonus 70.
     plan = {0: TREE[1], 2: TREE[4]}
     model.plan = lambda fb: [plan.get(i, 70) for _ in reqs for i in range(num_draft)]
-    result = scheduler.run(batch)
+    result = loop.run(batch)  # and the prefill's output
 
     _, raw, logits = env.target.seen[-1]
     for b, s in enumerate(SAMPLING):
@@ -286,6 +251,5 @@ def test_each_tree_node_is_penalised_with_its_own_path(tmp_path, monkeypatch):
             expected = _plain(env, s, [FIRST[b]] + path, raw[row : row + 1])
             torch.testing.assert_close(logits[row : row + 1], expected, msg=f"request {b}, node {i}")
     assert result.accept_lens.tolist() == [3] * len(reqs)
-    scheduler.process()  # the prefill's output
-    scheduler.prepare_decode(batch)
+    loop.prepare_decode(batch)
     _check_counts(env, batch, SAMPLING, [[FIRST[b], TREE[1], TREE[4], 70] for b in range(len(reqs))])

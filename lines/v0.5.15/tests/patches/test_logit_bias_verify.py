@@ -10,6 +10,9 @@ the target's logits are the test's and the native greedy tree walk runs as a tor
 from __future__ import annotations
 
 import pytest
+from spec_v2_cpu import spec_v2_server
+
+from sglang_cpu import make_req
 
 FAVOURED = 5  # the raw logits' argmax everywhere
 BIASED = 77
@@ -17,34 +20,21 @@ BIASED = 77
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
-    from sglang_cpu import spec_v2_server
-
     return spec_v2_server(tmp_path, monkeypatch)
 
 
 def _accepted(env, sampling, chain):
     """The tokens one speculative step after the prefill accepts for each request."""
-    from sglang_cpu import make_req
-
-    scheduler, model = env.scheduler, env.model
+    loop, model = env.loop, env.model
     reqs = [make_req(f"r{i}", 6 + i, sampling={"temperature": 0.0, **s}) for i, s in enumerate(sampling)]
     model.plan = lambda fb: [100 + i for i in range(len(reqs))]
-    batch = scheduler.prefill(reqs)
-    scheduler.prepare_decode(batch)
+    batch = loop.prefill(reqs)
+    loop.prepare_decode(batch)
 
-    def draft(batch):
-        import torch
-
-        from sglang_cpu import verify_input
-
-        roots = batch.spec_info.bonus_tokens.tolist()
-        return verify_input(torch.tensor([[root] + chain for root in roots]), batch.seq_lens)
-
-    env.draft.next_verify_input = draft
+    env.draft.draft_tokens = [chain] * len(reqs)
     model.plan = lambda fb: [FAVOURED] * len(fb.input_ids)
-    scheduler.run(batch)
-    scheduler.process()  # the prefill's
-    scheduler.process()  # the step's
+    loop.run(batch)  # and the prefill's output
+    loop.flush()  # the step's
     return [list(req.output_ids[1:]) for req in reqs]
 
 

@@ -12,7 +12,9 @@ the reference is the same tokens fed to a Req one at a time, as a plain server d
 from __future__ import annotations
 
 import pytest
-import torch
+from spec_v2_cpu import spec_v2_server
+
+from sglang_cpu import make_req
 
 EOS = 2
 FILLER = 99  # a draft token the target never picks
@@ -20,8 +22,6 @@ FILLER = 99  # a draft token the target never picks
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
-    from sglang_cpu import spec_v2_server
-
     return spec_v2_server(tmp_path, monkeypatch)
 
 
@@ -35,8 +35,6 @@ def _ending(req):
 
 
 def _req(env, rid, sampling):
-    from sglang_cpu import make_req
-
     sampling = {"temperature": 0.0, "max_new_tokens": 64, **sampling}
     limits = {"max_new_tokens": sampling.pop("max_new_tokens"), "stop_token_ids": sampling.pop("stop_token_ids", None)}
     return make_req(rid, 6, sampling=sampling, tokenizer=env.tokenizer, **limits)
@@ -54,26 +52,19 @@ def _plain(env, sampling, tokens):
 
 def _speculative(env, sampling, first, steps):
     """The prefill emits `first`; then each step accepts its list (drafts, then the bonus)."""
-    from sglang_cpu import verify_input
-
-    scheduler, model = env.scheduler, env.model
+    loop, model = env.loop, env.model
     req = _req(env, "spec", sampling)
     model.plan = lambda fb: [first]
-    batch = scheduler.prefill([req])
+    batch = loop.prefill([req])
     for step in steps:
         batch.filter_batch()  # update_running_batch drops what has finished
         if batch.is_empty():
             break
-        scheduler.prepare_decode(batch)
-        drafts = step[:-1] + [FILLER] * (4 - len(step))
-        env.draft.next_verify_input = lambda b, d=drafts: verify_input(
-            torch.tensor([[b.spec_info.bonus_tokens.tolist()[0]] + d]), b.seq_lens
-        )
+        loop.prepare_decode(batch)
+        env.draft.draft_tokens = [step[:-1] + [FILLER] * (4 - len(step))]
         model.plan = lambda fb, s=step: s + [1] * (4 - len(s))
-        scheduler.run(batch)
-        scheduler.process()  # the previous batch's output, as the overlap loop orders it
-    while scheduler.pending:
-        scheduler.process()
+        loop.run(batch)  # and the previous batch's output, as the overlap loop orders it
+    loop.flush()
     return req
 
 

@@ -119,12 +119,13 @@ class RecordingTarget:
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
+    from spec_v2_cpu import spec_v2_decode_batch
+
     from sglang_cpu import (
         init_single_rank_groups,
         make_pools,
         make_req,
         make_server_args,
-        spec_v2_decode_batch,
         use_torch_kernels,
         write_tiny_llama_config,
     )

@@ -1,12 +1,12 @@
 """Penalties under speculative decoding on the v2 worker (0003): each step's emitted tokens counted
 once before the next step samples, and each verify row penalised as plain decoding would.
 
-Real SGLang 0.5.23 objects on CPU, scheduled as the overlap loop schedules them (sglang_cpu's
+Real SGLang 0.5.23 objects on CPU, scheduled as the overlap loop schedules them (spec_v2_cpu's
 OverlapLoop): a prefill through the worker's own prefill path, the scheduler's decode preparation,
 its forward copy of the sampling info, then EAGLEWorkerV2.forward_batch_generation with its own
 verify (run_eagle_verify, eagle_prepare_for_verify, eagle_sample); filter, merge with a new prefill,
 upstream's steps=0 verify and the v0.5.23 line's plain decode (0002). The two models are stood in
-for and the verify kernels run as torch references (verify_cpu).
+for (their logits are the test's) and the verify kernels run as torch references.
 
 The reference is SGLang's own plain-decode path for one request: its orchestrator counts each
 emitted token with one `cumulate_output_tokens`, and the sampler applies the forward copy's rows
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from verify_cpu import spec_env
+from spec_v2_cpu import spec_v2_server
 
 from sglang_cpu import VOCAB, make_req
 
@@ -42,7 +42,7 @@ def _drafts(first):
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
-    return spec_env(tmp_path, monkeypatch, num_draft_tokens=NUM_DRAFT)
+    return spec_v2_server(tmp_path, monkeypatch, speculative_num_draft_tokens=NUM_DRAFT)
 
 
 def _reqs(env, prefix, sampling):
@@ -93,21 +93,10 @@ def _assert_counted(env, batch, sampling, emitted):
         torch.testing.assert_close(counted[b], _plain(env, sampling[b], tokens, raw[b]), msg=f"request {b}")
 
 
-def _verify_logits(drafts, favoured, bonus):
-    """[bs * D, V] raw logits whose row j favours favoured[b][j] (the next draft token when it is
-    drafts[b][j + 1]) and whose last row favours the bonus, by more than any penalty here."""
-    raw = _raw(len(drafts) * NUM_DRAFT) * 0.5
-    for b, row in enumerate(favoured):
-        for j, token in enumerate(row + [bonus]):
-            raw[b * NUM_DRAFT + j, token] += 5.0
-    return raw
-
-
-def _step_logits(bs, token):
-    """[bs, V] raw logits of a one-token step whose every row favours token."""
-    raw = _raw(bs, seed=2) * 0.5
-    raw[:, token] += 5.0
-    return raw
+def _plan_verify(env, favoured, bonus):
+    """The verify's row j of request b favours favoured[b][j] (the next draft token when it is
+    drafts[b][j + 1]) and its last row the bonus, by more than any penalty here."""
+    env.model.plan = lambda fb: [token for row in favoured for token in row + [bonus]]
 
 
 def _emitted(env, batch):
@@ -117,15 +106,12 @@ def _emitted(env, batch):
 
 
 def _prefill(env, reqs, first):
-    batch = env.loop.admit_prefill(reqs)
-    env.target.next_token_ids = first
-    env.loop.run(batch)
-    return batch
+    env.model.plan = lambda fb: first
+    return env.loop.prefill(reqs)
 
 
 def _decode(env, batch):
-    assert batch.check_decode_mem()
-    batch.prepare_for_decode()
+    env.loop.prepare_decode(batch)
 
 
 def test_each_verify_row_is_penalised_as_plain_decoding_would(env):
@@ -135,10 +121,9 @@ def test_each_verify_row_is_penalised_as_plain_decoding_would(env):
 
     drafts = _drafts(FIRST)
     env.draft.draft_tokens = drafts
-    env.target.logits = _verify_logits(drafts, drafts, bonus=70)
-    raw = env.target.logits.clone()
+    _plan_verify(env, drafts, bonus=70)
     env.loop.run(batch)
-    penalised = env.target.logits
+    _, raw, penalised = env.target.seen[-1]
 
     for b, sampling in enumerate(SAMPLING):
         for i in range(NUM_DRAFT):
@@ -163,7 +148,7 @@ def test_emitted_tokens_are_counted_once_through_filter_merge_and_zero_step_batc
     favoured = [list(row) for row in drafts]
     favoured[1][0] = 90  # request 1 rejects its first draft token: it emits the bonus only
     env.draft.draft_tokens = drafts
-    env.target.logits = _verify_logits(drafts, favoured, bonus=70)
+    _plan_verify(env, favoured, bonus=70)
     env.loop.run(batch)
 
     batch.filter_batch(keep_indices=[0, 1, 2, 3])  # request 4 finished
@@ -188,12 +173,12 @@ def test_emitted_tokens_are_counted_once_through_filter_merge_and_zero_step_batc
 def _one_token_step(env, batch, sampling, emitted, token, mode):
     """A step of one token a request, run as `mode`: its rows penalised as plain decoding's after
     `emitted`, then `token` counted; returns what each request has emitted since."""
-    env.target.logits = _step_logits(5, token)
-    raw = env.target.logits.clone()
+    env.model.plan = lambda fb: [token] * len(emitted)
     env.loop.run(batch)
-    assert env.target.modes[-1] == mode
+    forward_batch, raw, penalised = env.target.seen[-1]
+    assert forward_batch.forward_mode.name == mode
     for b, tokens in enumerate(emitted):
-        torch.testing.assert_close(env.target.logits[b], _plain(env, sampling[b], tokens, raw[b]), msg=f"request {b}")
+        torch.testing.assert_close(penalised[b], _plain(env, sampling[b], tokens, raw[b]), msg=f"request {b}")
     _decode(env, batch)
     emitted = _emitted(env, batch)
     assert all(tokens[-1] == token for tokens in emitted)
@@ -221,13 +206,12 @@ def test_each_node_of_a_draft_tree_is_penalised_with_its_own_path(env):
     env.worker.topk, env.worker.speculative_num_draft_tokens = 2, len(TREE)
     env.pools.kv_pool.use_native_move_kv_cache = True  # the accepted path's KV move, in torch
     env.draft.tree, env.draft.draft_tokens = TREE, [[60, 61, 61, 60, first] for first in FIRST]
-    env.target.logits = _raw(len(FIRST) * len(TREE))
-    for b in range(len(FIRST)):
-        # The target follows the second branch: root -> 2 (61) -> 4 (60), then the bonus 70.
-        for node, token in ((0, 61), (2, 60), (4, 70)):
-            env.target.logits[b * len(TREE) + node, token] += 10.0
-    raw = env.target.logits.clone()
+    # The target follows the second branch: root -> 2 (61) -> 4 (60), then the bonus 70 (the
+    # nodes off that path favour it too, which no draft token there proposes).
+    path = {0: 61, 2: 60, 4: 70}
+    env.model.plan = lambda fb: [path.get(node, 70) for _ in FIRST for node in range(len(TREE))]
     env.loop.run(batch)
+    _, raw, penalised = env.target.seen[-1]
 
     for b, sampling in enumerate(SAMPLING):
         nodes = [FIRST[b]] + env.draft.draft_tokens[b]
@@ -235,7 +219,7 @@ def test_each_node_of_a_draft_tree_is_penalised_with_its_own_path(env):
             row = b * len(TREE) + node
             emitted = [FIRST[b]] + [nodes[n] for n in _tree_path(node)]
             want = _plain(env, sampling, emitted, raw[row])
-            torch.testing.assert_close(env.target.logits[row], want, msg=f"request {b}, node {node}")
+            torch.testing.assert_close(penalised[row], want, msg=f"request {b}, node {node}")
     # What the tree accepted (its path moved to the front for the output processor) is counted.
     _decode(env, batch)
     emitted = _emitted(env, batch)

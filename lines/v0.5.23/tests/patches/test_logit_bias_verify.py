@@ -2,16 +2,15 @@
 0.5.23 does this already (it applies the bias row at every position since 0.5.11); the test pins it.
 
 EAGLEWorkerV2.forward_batch_generation with its own verify (run_eagle_verify, eagle_sample) on a
-batch the overlap loop prefilled and prepared (verify_cpu, sglang_cpu); the models are stood in for.
+batch the overlap loop prefilled and prepared (spec_v2_cpu); the models are stood in for.
 """
 
 from __future__ import annotations
 
 import pytest
-import torch
-from verify_cpu import spec_env
+from spec_v2_cpu import spec_v2_server
 
-from sglang_cpu import VOCAB, make_req
+from sglang_cpu import make_req
 
 FAVOURED = 5  # the raw logits' argmax everywhere
 BIASED = 77
@@ -21,20 +20,16 @@ NUM_DRAFT = 4
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
-    return spec_env(tmp_path, monkeypatch, num_draft_tokens=NUM_DRAFT)
+    return spec_v2_server(tmp_path, monkeypatch, speculative_num_draft_tokens=NUM_DRAFT)
 
 
 def _accepted(env, reqs, drafts):
     """The tokens one verify step emits per request."""
-    batch = env.loop.admit_prefill(reqs)
-    env.target.next_token_ids = [100 + i for i in range(len(reqs))]
-    env.loop.run(batch)
-    assert batch.check_decode_mem()
-    batch.prepare_for_decode()
+    env.model.plan = lambda fb: [100 + i for i in range(len(reqs))]
+    batch = env.loop.prefill(reqs)
+    env.loop.prepare_decode(batch)
     env.draft.draft_tokens = drafts
-    logits = torch.rand(len(reqs) * NUM_DRAFT, VOCAB, generator=torch.Generator().manual_seed(0))
-    logits[:, FAVOURED] += 10.0
-    env.target.logits = logits
+    env.model.plan = lambda fb: [FAVOURED] * (len(reqs) * NUM_DRAFT)
     result = env.loop.run(batch)
     tokens = result.next_token_ids.view(len(reqs), NUM_DRAFT)
     return [tokens[b, : int(n)].tolist() for b, n in enumerate(result.accept_lens)]
