@@ -19,8 +19,9 @@ def module_imports(path: Path, package: str) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
-            if node.level:  # relative: from the file's own package
-                base = ".".join([package, *([base] if base else [])])
+            if node.level:  # relative: from the file's own package, one level up per extra dot
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
             if base.split(".")[0] not in PACKAGES:
                 continue
             found.add(base)
@@ -106,6 +107,6 @@ def test_a_cycle_between_subpackages_is_found(tmp_path: Path, monkeypatch: pytes
         (tmp_path / "pkga" / sub).mkdir(parents=True)
         (tmp_path / "pkga" / sub / "__init__.py").write_text("")
     (tmp_path / "pkga" / "run" / "server.py").write_text("from pkga.results import records\n")
-    (tmp_path / "pkga" / "results" / "records.py").write_text("from .. import run\nfrom pkga.run.server import X\n")
+    (tmp_path / "pkga" / "results" / "records.py").write_text("from ..run.server import X\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGES", ("pkga",))
     assert cycles(import_graph(tmp_path)) == [["pkga.results.records", "pkga.run.server"]]
