@@ -11,6 +11,7 @@ speculative step), with multiplicative noise, on a clock of the rank's own.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import random
 import types
@@ -108,6 +109,7 @@ class Rank:
         self.scheduler = scheduler
         self.batch: Any = None
         self.worker_batch: Any = None
+        self.held = 0  # KV slots the batch took from the allocator
         self.forward_ct = 0
         self.kinds: list[str] = []
 
@@ -115,16 +117,26 @@ class Rank:
         """The running batch at this size, prefilled as SGLang prefills (the last one freed)."""
         if self.batch is None or len(self.batch.reqs) != batch_size:
             if self.batch is not None:
-                for req in self.batch.reqs:
-                    self.env.req_to_token_pool.free(req)
-                self.env.allocator.free(self.batch.out_cache_loc)
+                self._free_batch()
             self.forward_ct += 1  # the requests' prefill ran between the decode steps
             reqs = [make_req(f"s{self.forward_ct}r{i}", prompt_len=4 + i % 3) for i in range(batch_size)]
+            available = self.env.allocator.available_size()
             self.batch = prefilled_decode_batch(
                 self.env, reqs, [100 + i for i in range(batch_size)], overlap=True, topk=1
             )
+            self.held = available - self.env.allocator.available_size()
             self.worker_batch = self.batch.get_model_worker_batch()
         return self.worker_batch
+
+    def _free_batch(self) -> None:
+        """Every KV slot the batch holds: its prompts' and the decode steps' reserved after them
+        (the same number a request), so that a long run of changing batches fits the pools."""
+        seq_lens = self.batch.seq_lens_cpu.tolist()
+        reserved = (self.held - sum(seq_lens)) // len(seq_lens)
+        for req, seq_len in zip(self.batch.reqs, seq_lens, strict=True):
+            row = self.env.req_to_token_pool.req_to_token[req.req_pool_idx]
+            self.env.allocator.free(row[: seq_len + reserved].clone())
+            self.env.req_to_token_pool.free(req)
 
     def step(self, batch_size: int, gpu: SimulatedGpu) -> None:
         """One decode step: the decision, the simulated forward, the scheduler's report."""
@@ -222,13 +234,15 @@ def test_no_flapping_at_the_crossover(rank):
 
 
 def test_probing_is_bounded(rank):
-    from sglang.srt.speculative.spec_switch_auto import COLD_DEBT, PROBE_SHARE, PROBE_STEPS
+    from sglang.srt.speculative.spec_switch_auto import PROBE_SHARE, PROBE_STEPS
 
     gpu = SimulatedGpu()
     steps = 6000
     serve([rank], [(60, steps // 2), (2, steps // 2)], gpu)
     probes = rank.switch.auto.probes.probe_steps
-    assert 0 < probes <= PROBE_SHARE * steps + 2 * PROBE_STEPS + COLD_DEBT
+    first_visits = rank.switch.auto.cold_probed
+    assert len(first_visits) <= 2  # one bucket in each mode: 2 and 56-63
+    assert 0 < probes <= PROBE_SHARE * steps + 2 * PROBE_STEPS + PROBE_STEPS * len(first_visits)
 
 
 def test_ranks_switch_at_the_same_steps(tmp_path, monkeypatch):
@@ -420,3 +434,39 @@ def test_the_batch_size_that_won_is_kept_when_wave_tails_lower_the_mean(rank):
     thresholds = serve([rank], waves, gpu)
     assert min(thresholds[-6:]) >= 30, thresholds
     assert rank.kinds[-48:].count("speculate") >= 44
+
+
+def _bench_level(concurrency: int) -> list[tuple[int, int]]:
+    """Three closed-loop waves as the benchmark sends them: the full batch, then its tail."""
+    wave = [(concurrency, 85), *[(size, 2) for size in range(concurrency - 1, 0, -1)]]
+    return wave * 3
+
+
+def test_a_batch_size_new_after_several_levels_is_measured_at_once(rank):
+    """On the H200 the levels C=1..10 and their wave tails spent the credit of first visits, so at
+    C=30 the first wave decoded plain for 200 steps (0.79 of always speculating) before speculation
+    was tried there. A first visit is a one-off per bucket and mode: it needs no credit."""
+    gpu = SimulatedGpu(accept_length=2.8)
+    warm_up = [(size, 12) for size in (1, 2, 4, 8, 16, 32, 64)]
+    serve([rank], [*warm_up, *(step for c in (1, 2, 5, 10) for step in _bench_level(c))], gpu)
+    assert serve([rank], [(30, 60)], gpu)[-1] >= 30
+    assert rank.kinds[-20:].count("speculate") >= 19
+
+
+def test_the_threshold_holds_while_step_costs_drift_with_the_waves(rank):
+    """On the H200 at C=48 the plain steps' median cost followed each wave's context lengths
+    (8724-9364 tok/s), and the threshold interpolated between the buckets at 28 and 48 went
+    39 -> 42 -> 40 -> 41 ... (25 changes in one level, each logged). Costs that change with the
+    phase of every wave are the traffic's mean cost, not a change to follow."""
+    early, late = SimulatedGpu(accept_length=2.8), SimulatedGpu(accept_length=2.8, plain=(4.2e-3, 5.25e-5))
+    assert 28 < early.crossover() < late.crossover() < 48
+    wave = [(early, [(48, 60)]), (late, [(48, 60), (28, 10)])]
+    for gpu, load in wave * 6:
+        serve([rank], load, gpu)
+    learned = rank.switch.disable_batch_size
+    thresholds = []
+    for gpu, load in wave * 24:
+        thresholds += serve([rank], load, gpu)
+    assert 28 <= learned < 48
+    changes = sum(before != after for before, after in itertools.pairwise([learned, *thresholds]))
+    assert changes <= 2, thresholds
