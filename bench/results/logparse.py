@@ -79,6 +79,9 @@ class DecodeLine:
     steady: bool = False
     # Tokens per request per verify step over those steps (accepted drafts + 1), on speculative servers.
     accept_len: float | None = None
+    # The switch's cumulative step counters as the line prints them (None: a server without the switch);
+    # two lines' difference tells the kinds of step between them.
+    counters: Counters | None = None
 
 
 @dataclass
@@ -129,14 +132,15 @@ def parse_log(text: str) -> dict[int, RankLog]:
         r = rank_of(line)
         rl = ranks.setdefault(r, RankLog(r))
         own_state: bool | None = None
+        own_counters: Counters | None = None
         m = _STATE.search(line)
         if m:
             own_state = _bool(m.group("on"))
-            rl.counters = Counters(int(m.group("spec")), int(m.group("fb")), int(m.group("sw")))
+            rl.counters = own_counters = Counters(int(m.group("spec")), int(m.group("fb")), int(m.group("sw")))
         else:
             m2 = _STATE_ALT.search(line)
             if m2:
-                rl.counters = Counters(int(m2.group("spec")), int(m2.group("fb")), int(m2.group("sw")))
+                rl.counters = own_counters = Counters(int(m2.group("spec")), int(m2.group("fb")), int(m2.group("sw")))
         e = _EVENT.search(line)
         if e:
             d = e.group("dir").upper()
@@ -161,6 +165,7 @@ def parse_log(text: str) -> dict[int, RankLog]:
                     float(t.group("t")) if t else None,
                     steady,
                     float(a.group("a")) if a else None,
+                    own_counters,
                 )
             )
         if own_state is not None:

@@ -15,7 +15,7 @@ from bench_helpers import DATA  # noqa: E402
 from bench import cli  # noqa: E402
 from bench.configs import CONFIGS, parse_configs  # noqa: E402
 from bench.results import logparse  # noqa: E402
-from bench.results.logparse import parse_log, parse_metrics, parse_threshold, rank_of  # noqa: E402
+from bench.results.logparse import Counters, parse_log, parse_metrics, parse_threshold, rank_of  # noqa: E402
 from bench.run import (
     arguments,  # noqa: E402
     client,  # noqa: E402
@@ -71,6 +71,8 @@ def test_parse_log() -> None:
     states = [(d.batch_size, d.spec_on, d.cuda_graph) for d in r0.decode]
     assert states == [(4, True, True), (12, False, True), (30, False, False), (3, True, True)]
     assert [d.accept_len for d in r0.decode] == [3.90, None, None, None]
+    # the switch's counters as each decode line prints them, in either format
+    assert [d.counters for d in r0.decode] == [Counters(10, 0, 0), None, None, Counters(12, 30, 2)]
 
 
 def test_parse_metrics() -> None:
