@@ -11,7 +11,8 @@ results.json:
                     "wave_tok_per_s": [...],  # each full wave's output tok/s; absent in older runs
                     "wave_send_spread_s": [...],  # each full wave's span of send times; absent in older runs
                     "counters": {"spec_steps", "fallback_steps", "switches"} | null,
-                    "decode_lines", "decode_tok_per_s" | null}],  # the decode pair once taken from the log
+                    "decode_lines", "decode_tok_per_s" | null,  # the decode pair once taken from the log
+                    "decode_accept_len"}],  # the acceptance decode_tok_per_s is at; absent: plain steps or older runs
         "startup_s", "profile": PROFILE | [PROFILE, ...],  # a list when the run profiled several levels
         # PROFILE: {"concurrency", "profiled_steps", "error"}
         #        | {"concurrency", "profiled_steps", <bench.results.profile.ProfileSummary>}
@@ -104,6 +105,8 @@ class LevelRecord:
     # steady decode line had bs = concurrency.
     decode_tok_per_s: float | None = None
     decode_lines: int | None = None
+    # The acceptance decode_tok_per_s is at (bench.results.decode_rate); None: plain steps, or an older run.
+    decode_accept_len: float | None = None
     wave_tok_per_s: tuple[float, ...] = ()  # each full wave's output tok/s (client.LevelRun.wave_tok_per_s)
     wave_send_spread_s: tuple[float, ...] = ()  # each full wave's span of send times (client.LevelRun)
     switch_threshold: int | None = None  # a learning switch's threshold at the level's end (/metrics)
@@ -112,6 +115,8 @@ class LevelRecord:
     def __post_init__(self) -> None:
         if self.decode_lines is None and self.decode_tok_per_s is not None:
             raise ValueError("decode_tok_per_s without decode_lines")
+        if self.decode_accept_len is not None and self.decode_tok_per_s is None:
+            raise ValueError("decode_accept_len without decode_tok_per_s")
         check_extra(self, self.extra)
 
     def rate(self, key: RateKey) -> float | None:
@@ -136,6 +141,8 @@ class LevelRecord:
         if self.decode_lines is not None:
             out["decode_lines"] = self.decode_lines
             out["decode_tok_per_s"] = self.decode_tok_per_s
+        if self.decode_accept_len is not None:
+            out["decode_accept_len"] = self.decode_accept_len
         return {**out, **self.extra}
 
     @classmethod
@@ -145,6 +152,9 @@ class LevelRecord:
         decode_lines = r.opt(r.integer, "decode_lines")
         if decode_lines is None and r.has("decode_tok_per_s"):
             raise ResultsError(f"{where}: 'decode_tok_per_s' without 'decode_lines'")
+        accept_len = r.opt(r.number, "decode_accept_len")
+        if accept_len is not None and r.data.get("decode_tok_per_s") is None:
+            raise ResultsError(f"{where}: 'decode_accept_len' without 'decode_tok_per_s'")
         return cls(
             concurrency=r.integer("concurrency"),
             requests=r.integer("requests"),
@@ -155,6 +165,7 @@ class LevelRecord:
             counters=None if counters is None else SwitchCounters.from_json(counters, f"{where}.counters"),
             decode_tok_per_s=None if decode_lines is None else r.nullable(r.number, "decode_tok_per_s"),
             decode_lines=decode_lines,
+            decode_accept_len=accept_len,
             wave_tok_per_s=r.opt(r.numbers, "wave_tok_per_s") or (),
             wave_send_spread_s=r.opt(r.numbers, "wave_send_spread_s") or (),
             switch_threshold=r.opt(r.integer, "switch_threshold"),

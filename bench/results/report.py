@@ -9,15 +9,14 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import statistics
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from bench.configs import AGAIN, BASELINE_NOSPEC, BASELINE_SPEC, declared_references
 from bench.results.analysis import Recommendation, best_of_ratios, recommend, series
+from bench.results.decode_rate import decode_rates_by_batch_size, median_rate
 from bench.results.learned import learned_lines
-from bench.results.logparse import decode_throughput_by_batch_size
 from bench.results.profile import markdown as profile_markdown
 from bench.results.records import Analysis, ConfigRecord, LevelRecord, RateKey, RunResults
 
@@ -63,13 +62,18 @@ def _ratios(cfgs: Mapping[str, ConfigRecord], s: Mapping[str, dict[int, float]])
 
 
 def with_decode_rates(config: ConfigRecord, log_text: str) -> ConfigRecord:
-    """The config, each level given the median of the server's steady decode throughput at bs = its concurrency."""
-    by_bs = decode_throughput_by_batch_size(log_text)
+    """The config, each level given the median of the server's steady decode throughput at bs = its
+    concurrency, speculative steps counted at the acceptance of all its decode lines at that bs."""
+    by_bs = decode_rates_by_batch_size(log_text)
 
     def level(lv: LevelRecord) -> LevelRecord:
-        rates = by_bs.get(lv.concurrency, [])
+        rates = by_bs.get(lv.concurrency)
+        accept_len = rates.accept_len if rates else None
         return dataclasses.replace(
-            lv, decode_lines=len(rates), decode_tok_per_s=round(statistics.median(rates), 1) if rates else None
+            lv,
+            decode_lines=len(rates.rates) if rates else 0,
+            decode_tok_per_s=median_rate(rates),
+            decode_accept_len=None if accept_len is None else round(accept_len, 3),
         )
 
     return dataclasses.replace(config, levels=tuple(level(lv) for lv in config.levels))
@@ -163,6 +167,7 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
             "size; count in brackets). It leaves out the client, the HTTP stack and the level's ramp-up "
             "and tail, so it isolates the cost of a step.",
             "",
+            *_accept_len_caption(cfgs),
             *_table(cfgs, levels, "decode_tok_per_s", analysis.decode_ratios),
             "",
         ]
@@ -195,6 +200,20 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
                 else profile_markdown(name, p.concurrency, p.summary.as_dict(), p.window)
             )
     return "\n".join(out) + "\n"
+
+
+def _accept_len_caption(cfgs: Mapping[str, ConfigRecord]) -> list[str]:
+    """How a speculative cell's rate was taken; absent from runs before it was (their rates are the
+    steady intervals' own)."""
+    if not any(lv.decode_accept_len is not None for c in cfgs.values() for lv in c.levels):
+        return []
+    return [
+        "Cells with A: each steady interval's speculative steps counted at A tokens per request, the mean "
+        "accept len over the speculative steps of all decode lines at bs = C, not at the interval's own "
+        "(an interval that only speculated: its tok/s x A / its accept len). On a speculative server few "
+        "intervals hold no prefill, and their acceptance is not the level's.",
+        "",
+    ]
 
 
 def _wave_lines(cfgs: Mapping[str, ConfigRecord], levels: list[int]) -> list[str]:
@@ -294,6 +313,8 @@ def _table(
                 cells.append("")
             elif lv.errors:
                 cells.append(f"{value:.0f} ({len(lv.errors)} err)")
+            elif key == "decode_tok_per_s" and lv.decode_accept_len is not None:
+                cells.append(f"{value:.0f} ({lv.decode_lines}, A {lv.decode_accept_len:.2f})")
             elif key == "decode_tok_per_s":
                 cells.append(f"{value:.0f} ({lv.decode_lines})")
             else:
