@@ -2,8 +2,9 @@
 the run measured between its references.
 
 The switch learns from its own step costs, so the crossover to compare it with is the decode-step
-one (each level's steady decode rate, no prefill in the interval); the output-rate crossover, which
-also holds each wave's start, is shown beside it.
+one (each level's steady decode rate, no prefill in the interval, speculative steps at the level's
+acceptance: bench.results.decode_rate); the output-rate crossover, which also holds each wave's
+start, is shown beside it.
 """
 
 from __future__ import annotations
