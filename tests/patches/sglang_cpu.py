@@ -267,7 +267,9 @@ def model_runner_for_forward_batch(pools: Pools, server_args: ServerArgs) -> Mod
     device, server_args and model_config; is_draft_worker; the pools and allocator; LoRA (off); and
     what __init__ derives from the config, as the release does it: 0.5.15's use_ngram_embedding and
     model_is_mrope flags; 0.5.23's n-gram embedding manager, the KV index translator over the pools
-    (0.5.23 binds a KV location plan to every forward batch) and the attention backends' names.
+    (0.5.23 binds a KV location plan to every forward batch) and the attention backends' names;
+    0.5.9's runner needs none of these (no n-gram embedding, model_is_mrope a property). Set
+    attn_backend where the forward batch is built for a runner's forward (init_new copies it).
     init_new also reads get_parallel(): call init_single_rank_groups() first.
     """
     from sglang.srt.model_executor.model_runner import ModelRunner
@@ -281,9 +283,12 @@ def model_runner_for_forward_batch(pools: Pools, server_args: ServerArgs) -> Mod
         # Its model's n-gram layers: the tiny llama has none (the manager reads no further).
         runner.model, runner.max_running_requests = torch.nn.Module(), pools.req_to_token_pool.size
         runner.init_ngram_embedding_manager()
-    else:
+    elif hasattr(pools.model_config, "use_ngram_embedding"):  # 0.5.15 (0.5.9 has no n-gram embedding)
         runner.use_ngram_embedding = pools.model_config.use_ngram_embedding
-    if not hasattr(pools.model_config, "model_is_mrope"):  # 0.5.15 keeps it on the runner
+    # 0.5.15 keeps the flag on the runner; 0.5.9's runner derives it (a property) from the config.
+    if not hasattr(pools.model_config, "model_is_mrope") and not isinstance(
+        ModelRunner.__dict__.get("model_is_mrope"), property
+    ):
         hf = pools.model_config.hf_text_config
         rope_scaling = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", {})
         runner.model_is_mrope = rope_scaling is not None and "mrope_section" in rope_scaling
