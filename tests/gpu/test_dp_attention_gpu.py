@@ -7,8 +7,9 @@ Each DP rank schedules its own requests, and the switch decides from the largest
 ranks gather every step, so both ranks must log the same switch events at the same (gathered)
 batch sizes, run both kinds of step and serve every request; a rank that disagreed would hang or
 crash the MoE layers' collectives. Greedy outputs are held to a no-speculation server at the same
-layout, as test_kimi_gpu does at TP 1. Skipped with the reason below two GPUs; on a two-GPU machine:
-`bash ci/gpu/run-on-device.sh test -k "dp_attention or kimi_tp2"` (device kind nvidia-h200-x2).
+layout, as test_kimi_gpu does at TP 1. Skipped with the reason below two GPUs; on a two-GPU machine
+(device kind nvidia-h200-x2), one call each to fit a device call's 10 minutes:
+`bash ci/gpu/run-on-device.sh test -k dp_attention`, then `... test -k kimi_tp2`.
 """
 
 from __future__ import annotations
