@@ -127,10 +127,12 @@ class StandInTarget:
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         runner = model_runner_for_forward_batch(pools, server_args)
-        # What ModelRunner.__init__ sets that the worker's paths read: no graphs; 0.5.15's lazily
-        # derived linear-attention layout; the WAR read-done event (0.5.15 and 0.5.23 name it
-        # apart); 0.5.23's watermark state (off); the attention backend's verify buffers (none).
+        # What ModelRunner.__init__ sets that the worker's paths read: no graphs; the sliding
+        # window (none in the config); 0.5.15's lazily derived linear-attention layout; the WAR
+        # read-done event (0.5.15 and 0.5.23 name it apart); 0.5.23's watermark state (off); the
+        # attention backend's verify buffers (none).
         runner.spec_algorithm, runner.decode_cuda_graph_runner = SpeculativeAlgorithm.EAGLE3, None
+        runner.is_hybrid_swa = pools.model_config.is_hybrid_swa
         if hasattr(model_runner_module, "_UNSET"):
             runner._linear_attn_registry_cache = model_runner_module._UNSET
         runner.war_fastpath_read_done_event = runner.shared_read_done_event = runner.watermark_state = None
@@ -228,4 +230,7 @@ def spec_worker(target: StandInTarget, draft: StandInDraft, pools: Pools, server
     worker.speculative_algorithm = target.model_runner.spec_algorithm
     worker.plan_stream, worker.plan_stream_ctx = None, contextlib.nullcontext()
     worker.req_to_token_pool, worker.token_to_kv_pool_allocator = pools.req_to_token_pool, pools.allocator
+    catch_up = sglang_module("sglang.srt.speculative.adaptive_draft_catch_up")
+    if catch_up is not None:  # the lines' deferred draft catch-up: its debts, as __init__ sets them
+        worker.draft_catch_up = catch_up.DraftCatchUp.for_server(server_args)
     return worker

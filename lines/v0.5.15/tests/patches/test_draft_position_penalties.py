@@ -157,6 +157,7 @@ def test_emitted_tokens_are_counted_once_through_filter_merge_and_zero_step_batc
     assert batch.spec_info.accepted_ids is None  # counted once
 
     # Upstream's steps=0: a one-token verify.
+    monkeypatch.setenv("SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE", "0")
     worker.speculative_num_steps, worker.speculative_num_draft_tokens = 0, 1
     steps0 = [50 + b for b in range(len(keep))]
     model.plan = lambda fb: steps0
