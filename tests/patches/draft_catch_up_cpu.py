@@ -66,7 +66,9 @@ class PrefillExtendDraft(StandInDraft):
         super().__init__()
         self.model = RecordingDraftModel()
         runner = model_runner_for_forward_batch(pools, server_args)
-        runner.__dict__.update(vars(self.draft_runner))  # tp group, WAR event, hidden size
+        # The stand-in's tp group and WAR event; the draft's own model config (its hidden size
+        # shapes the skipped extend's stubs, and a forward batch reads it too).
+        runner.__dict__.update({k: v for k, v in vars(self.draft_runner).items() if k != "model_config"})
         runner.forward, runner.canary_manager, runner.attn_backend = self.model, None, None
         self.draft_runner = runner
         self.server_args, self.speculative_algorithm = server_args, runner.spec_algorithm

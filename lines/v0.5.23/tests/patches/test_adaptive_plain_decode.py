@@ -13,7 +13,7 @@ import types
 import pytest
 import torch
 
-from sglang_cpu import HIDDEN, VOCAB
+from sglang_cpu import HIDDEN, VOCAB, sglang_module
 
 NUM_REQS = 4
 SAMPLED = [300 + i for i in range(NUM_REQS)]
@@ -229,7 +229,9 @@ def test_which_batches_take_the_plain_route(env, monkeypatch):
 
     batch, model_runner = env["batch"], env["target"].model_runner
     model_runner.decode_cuda_graph_runner = graph_runner(plain_decode=True, max_bs=8)
-    assert not runs_as_plain_decode(batch, model_runner)  # off by default: upstream's verify
+    assert runs_as_plain_decode(batch, model_runner)  # on by default
+    monkeypatch.setenv("SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE", "0")  # upstream's verify, to compare
+    assert not runs_as_plain_decode(batch, model_runner)
     monkeypatch.setenv("SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE", "1")
     assert runs_as_plain_decode(batch, model_runner)
 
@@ -302,6 +304,9 @@ def _zero_step_worker(env):
     worker.adaptive_controller, worker.speculative_num_steps = None, 0
     worker.topk, worker.device = 1, "cpu"
     worker._target_worker, worker._draft_worker = env["target"], RecordingDraft(env["events"])
+    catch_up = sglang_module("sglang.srt.speculative.adaptive_draft_catch_up")
+    if catch_up is not None:  # the line's 0005: the draft's debts, as __init__ sets them
+        worker.draft_catch_up = catch_up.DraftCatchUp(max_tokens=4096)
     return worker
 
 

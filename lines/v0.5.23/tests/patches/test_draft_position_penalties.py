@@ -162,6 +162,7 @@ def test_emitted_tokens_are_counted_once_through_filter_merge_and_zero_step_batc
 
     # Upstream's steps=0 batch (the adaptive state of 0 steps): a one-token verify rooted at
     # the pending token.
+    monkeypatch.setenv("SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE", "0")
     env.worker.speculative_num_steps, env.worker.speculative_num_draft_tokens = 0, 1
     emitted = _one_token_step(env, batch, sampling, emitted, 80, "TARGET_VERIFY")
 
