@@ -11,6 +11,7 @@ model records what it was given.
 
 from __future__ import annotations
 
+import torch
 from draft_catch_up_cpu import CatchUpServer, catch_up_server
 
 OFF = 4  # plain-decode steps at steps=0
@@ -42,7 +43,7 @@ def test_the_first_step_above_zero_extends_target_and_draft_over_the_missed_posi
     prompt = [len(r.origin_input_ids) for r in batch.reqs]
     slots = [fb.out_cache_loc.tolist() for fb in server.target_forwards()[1:]]
     r2t = batch.req_to_token_pool.req_to_token
-    reserved = [int(r2t[r.req_pool_idx, p + OFF]) for r, p in zip(batch.reqs, prompt, strict=True)]
+    reserved = r2t[batch.req_pool_indices, torch.tensor(prompt) + OFF].tolist()
 
     server.set_steps(3)
     result = server.step(batch)
