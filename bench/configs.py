@@ -41,8 +41,11 @@ V2_ENV = {"SGLANG_ENABLE_SPEC_V2": "1"}
 # The switch's learned thresholds (0014); the cap is its default, named so a tree without it is refused.
 AUTO_SWITCH = ["--speculative-disable-batch-size", "auto", "--speculative-auto-max-batch-size", "64"]
 SKIP_ZERO_STEP_DRAFT_EXTEND = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
-# The v0.5.15 line's plain-decode patch: a steps=0 batch as a plain target DECODE.
+# The release lines' plain-decode patch: a steps=0 batch as a plain target DECODE, its draft caught up
+# when speculation comes back. On by default there: the configs that measure upstream's steps=0 set it
+# to 0 (an upstream tree ignores the variable).
 ZERO_STEP_PLAIN_DECODE = "SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE"
+UPSTREAM_STEPS0 = {ZERO_STEP_PLAIN_DECODE: "0"}
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,7 @@ CONFIGS: dict[str, Config] = {
         Config(
             "adaptive-v2",
             EAGLE_V2 + ["--speculative-adaptive"],
+            UPSTREAM_STEPS0,
             compare_to=("nospec", "spec-v2"),
             since="v0.5.11",
             help="upstream --speculative-adaptive, its default tiers (SGLang 0.5.11+)",
@@ -129,6 +133,7 @@ CONFIGS: dict[str, Config] = {
         Config(
             "adaptive-v2-off",
             EAGLE_V2 + ["--speculative-adaptive"],
+            UPSTREAM_STEPS0,
             adaptive_tiers=True,
             compare_to=("nospec", "spec-v2"),
             baseline="spec-v2",
@@ -140,7 +145,7 @@ CONFIGS: dict[str, Config] = {
         Config(
             "adaptive-v2-off-skip",
             EAGLE_V2 + ["--speculative-adaptive"],
-            {SKIP_ZERO_STEP_DRAFT_EXTEND: "1"},
+            {**UPSTREAM_STEPS0, SKIP_ZERO_STEP_DRAFT_EXTEND: "1"},
             adaptive_tiers=True,
             compare_to=("nospec", "spec-v2"),
             baseline="spec-v2",
@@ -149,8 +154,9 @@ CONFIGS: dict[str, Config] = {
             help=f"adaptive-v2-off with {SKIP_ZERO_STEP_DRAFT_EXTEND}=1: no draft extend in a steps=0 batch "
             "(SGLang 0.5.14+)",
         ),
-        # Our fallback under upstream's tiers (the v0.5.15 line's plain-decode patch): a steps=0 batch is a
-        # plain DECODE on DECODE graphs, with upstream's draft extend after it, or without it (-skip).
+        # Our fallback under upstream's tiers (the release lines' default): a steps=0 batch is a plain DECODE
+        # on DECODE graphs with no draft work, the draft caught up in one extend when speculation comes
+        # back; -skip leaves it stale instead (upstream's skip variable).
         Config(
             "adaptive-v2-off-plain",
             EAGLE_V2 + ["--speculative-adaptive"],
@@ -160,8 +166,8 @@ CONFIGS: dict[str, Config] = {
             baseline="spec-v2",
             since="v0.5.15",
             env_needed=(ZERO_STEP_PLAIN_DECODE,),
-            help=f"adaptive-v2-off with {ZERO_STEP_PLAIN_DECODE}=1: a steps=0 batch runs as a plain decode "
-            "(the v0.5.15 line's plain-decode patch)",
+            help=f"adaptive-v2-off with {ZERO_STEP_PLAIN_DECODE}=1 (the release lines' default): a steps=0 "
+            "batch runs as a plain decode, the draft caught up when speculation comes back",
         ),
         Config(
             "adaptive-v2-off-plain-skip",
@@ -172,7 +178,7 @@ CONFIGS: dict[str, Config] = {
             baseline="spec-v2",
             since="v0.5.15",
             env_needed=(ZERO_STEP_PLAIN_DECODE, SKIP_ZERO_STEP_DRAFT_EXTEND),
-            help="adaptive-v2-off-plain without the draft extend in a steps=0 batch",
+            help="adaptive-v2-off-plain with the draft left stale (no catch-up)",
         ),
         Config("spec-s2", EAGLE_V1_S2, help="reduced: v1, topk 1, 2 steps, 3 draft tokens"),
         Config(

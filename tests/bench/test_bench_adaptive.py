@@ -13,7 +13,7 @@ import pytest
 from bench_helpers import levels
 
 from bench import cli
-from bench.configs import CONFIGS, off_above_tiers, parse_configs
+from bench.configs import CONFIGS, ZERO_STEP_PLAIN_DECODE, off_above_tiers, parse_configs
 from bench.results.records import ConfigRecord, RunResults
 from bench.results.report import analyse
 from bench.run import sweep
@@ -86,6 +86,8 @@ def test_adaptive_configs_are_v2_with_thresholds_after_the_baselines() -> None:
         "adaptive-v2-off-plain",
         "adaptive-v2-off-plain-skip",
     }
+    # Upstream's steps=0, also on a release line's tree, whose steps=0 is a plain decode by default.
+    assert off.env == CONFIGS["adaptive-v2"].env == {ZERO_STEP_PLAIN_DECODE: "0"}
     for name in ("adaptive-v2-off-skip", "adaptive-v2-off-plain", "adaptive-v2-off-plain-skip"):
         variant = CONFIGS[name]
         assert variant.flags == off.flags and variant.adaptive_tiers, name

@@ -1,7 +1,9 @@
-"""The v0.5.15 line's plain-decode patch on a GPU: upstream's --speculative-adaptive with the "off
-above N" tier file and SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE=1 serves the ramp, its steps=0 batches
-replay the DECODE graphs the patch captures for that state, and its greedy outputs equal a plain
-server's (the trained pair, where a divergence away from a near-tie is a bug).
+"""The release lines' plain-decode patch on a GPU: upstream's --speculative-adaptive with the "off
+above N" tier file and SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE=1 (the lines' default, set so that the
+test says what it runs) serves the ramp, its steps=0 batches replay the DECODE graphs the patch
+captures for that state, the draft is caught up when speculation comes back (where the line has the
+deferred catch-up), and its greedy outputs equal a plain server's (the trained pair, where a
+divergence away from a near-tie is a bug; the catch-up rewrites target KV with an extend kernel).
 
 Skipped on a tree whose SGLang does not read the variable (upstream, and the v0.5.9 line).
 """
@@ -23,6 +25,9 @@ from gpu_harness import SUMMARY
 pytestmark = pytest.mark.gpu
 STEPS = 3  # the v2 worker's --speculative-num-steps in the harness
 PAIR = "trained"
+# The lines' deferred catch-up (adaptive_draft_catch_up.py) logs each catch-up step.
+CATCH_UP = "Adaptive spec: draft caught up over"
+CATCH_UP_MODULE = "python/sglang/srt/speculative/adaptive_draft_catch_up.py"
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +55,11 @@ def test_serves_the_ramp_off_above_n_on_decode_graphs(ctx: dict[str, Any]) -> No
     run = plain_decode_run(ctx)
     switches = H.adaptive_state_switches(run.log_text)
     in_range, eager = H.fallback_graph_replays(run)
+    caught_up = [line for line in run.log_text.splitlines() if CATCH_UP in line]
     SUMMARY.append(
         f"[adaptive plain-decode {PAIR}] {len(run.results)} requests, {len(run.errors)} errors; "
         f"{len(in_range)} decode log lines above a batch of {H.DISABLE + 1} with a graph size, "
-        f"{len(eager)} of them eager; state switches {len(switches)}; log {run.log_path}"
+        f"{len(eager)} of them eager; state switches {len(switches)}; {len(caught_up)} catch-ups; log {run.log_path}"
     )
     assert not run.errors, f"{len(run.errors)} request(s) failed, first: {run.errors[0]}\nlog: {run.log_path}"
     assert any("-> 0" in s for s in switches) and any(f"-> {STEPS}" in s for s in switches), (
@@ -64,6 +70,8 @@ def test_serves_the_ramp_off_above_n_on_decode_graphs(ctx: dict[str, Any]) -> No
         f"{len(eager)} steps=0 decode lines ran eagerly, first at a batch of {eager[0].batch_size}: "
         f"the steps=0 state's DECODE graphs were not replayed ({run.log_path})"
     )
+    if (ctx["tree"] / CATCH_UP_MODULE).is_file():
+        assert caught_up, f"speculation came back without a catch-up of the draft ({run.log_path})"
 
 
 def test_greedy_outputs_equal_a_plain_server(ctx: dict[str, Any]) -> None:

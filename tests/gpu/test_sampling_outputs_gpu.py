@@ -99,7 +99,8 @@ def _adaptive(load: dict[str, Any], plain_decode: bool) -> Any:
         H.tp_size(),
         extra=["--speculative-adaptive", "--speculative-adaptive-config", str(tiers), *H.pair_flags(PAIR)],
     )
-    return dataclasses.replace(spec, env={**spec.env, ZERO_STEP_PLAIN_DECODE: "1"}) if plain_decode else spec
+    # "0": upstream's steps=0 on a line's tree, where the plain decode is the default.
+    return dataclasses.replace(spec, env={**spec.env, ZERO_STEP_PLAIN_DECODE: "1" if plain_decode else "0"})
 
 
 SERVERS: dict[str, Callable[[dict[str, Any]], Any]] = {
