@@ -155,3 +155,17 @@ def test_a_sliding_window_model_keeps_the_per_step_draft_extend(tmp_path, monkey
     _run_off(server, steps=2)
     assert [fb.forward_mode.name for fb in server.target_forwards()[1:]] == ["DECODE"] * 2
     assert server.draft.decode_extends == 2 and server.worker.draft_catch_up.behind == {}
+
+
+def test_a_request_that_finished_while_off_owes_nothing(tmp_path, monkeypatch):
+    server = catch_up_server(tmp_path, monkeypatch)
+    batch = _run_off(server, steps=2)
+    server.loop.flush()
+    left = batch.reqs[1].rid
+    batch.filter_batch(keep_indices=[0, 2])  # request 1 finished
+    server.step(batch)
+    assert set(server.worker.draft_catch_up.behind) == {batch.reqs[0].rid, batch.reqs[1].rid}
+    assert left not in server.worker.draft_catch_up.behind
+    server.set_steps(3)
+    server.step(batch)
+    assert server.target_forwards()[-1].extend_seq_lens_cpu == [4, 4]
