@@ -1,9 +1,7 @@
-"""The deferred draft catch-up of the release lines (v0.5.15's 0006, v0.5.23's 0005): adaptive
-spec's plain-decode steps=0 batches give the draft nothing, and the first step above 0 steps
-extends target and draft over what it missed. One file for both lines, run on the tree of the line
-under test ($SGLANG_TREE), as the harness it rests on (draft_catch_up_cpu.py) serves both.
+"""The deferred draft catch-up (v0.5.23 line): adaptive spec's plain-decode steps=0 batches give
+the draft nothing, and the first step above 0 steps extends target and draft over what it missed.
 
-The release's own objects on CPU: a real prefill, the overlap scheduler's loop in its order (the
+SGLang 0.5.23's own objects on CPU: a real prefill, the overlap scheduler's loop in its order (the
 step before is processed after the next launch, spec_v2_cpu.OverlapLoop), EAGLEWorkerV2's own
 forward_batch_generation, and the draft's prefill extend (EagleDraftWorker._draft_extend_for_prefill)
 down to the forward batch its model would run. The two models' forwards are stood in for: the
