@@ -279,6 +279,8 @@ def model_runner_for_forward_batch(pools: Pools, server_args: ServerArgs) -> Mod
     runner.is_draft_worker, runner.lora_manager = False, None
     runner.token_to_kv_pool, runner.req_to_token_pool = pools.kv_pool, pools.req_to_token_pool
     runner.token_to_kv_pool_allocator, runner.page_size = pools.allocator, 1
+    # Every release's __init__ copies it from the config; 0.5.10's init_new reads it.
+    runner.is_hybrid_swa = pools.model_config.is_hybrid_swa
     if hasattr(ModelRunner, "init_ngram_embedding_manager"):
         # Its model's n-gram layers: the tiny llama has none (the manager reads no further).
         runner.model, runner.max_running_requests = torch.nn.Module(), pools.req_to_token_pool.size

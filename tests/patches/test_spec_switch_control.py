@@ -65,10 +65,6 @@ def test_enable_batch_size_defaults_below_the_disable_threshold(tmp_path):
             {"speculative_disable_batch_size": 8, "speculative_enable_batch_size": 9},
             r"\(9\) must be between 1 and --speculative-disable-batch-size \(8\)",
         ),
-        (
-            {"speculative_disable_batch_size": 8, "enable_dp_attention": True},
-            "does not support --enable-dp-attention",
-        ),
         ({"speculative_disable_batch_size": 8, "pp_size": 2}, "pipeline parallelism"),
         (
             {"speculative_disable_batch_size": 8, "enable_multi_layer_eagle": True},
@@ -83,6 +79,14 @@ def test_enable_batch_size_defaults_below_the_disable_threshold(tmp_path):
 def test_bad_switch_arguments_are_refused(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
         handled_switch_args(tmp_path, **overrides)
+
+
+def test_dp_attention_on_the_v2_worker_is_refused(tmp_path, monkeypatch):
+    """The core refuses DP attention for both workers; the DP-attention patch (0015) lifts that for
+    v1 only, so on v2 the refusal holds on every prefix of the series."""
+    monkeypatch.setenv("SGLANG_ENABLE_SPEC_V2", "1")
+    with pytest.raises(ValueError, match="--enable-dp-attention"):
+        handled_switch_args(tmp_path, speculative_disable_batch_size=8, enable_dp_attention=True)
 
 
 @pytest.mark.parametrize(
