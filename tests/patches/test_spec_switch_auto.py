@@ -96,6 +96,7 @@ class Rank:
             scheduler.__dict__.update(
                 recv_skipper=None,
                 pp_rank=0,
+                tp_rank=0,
                 attn_tp_rank=0,
                 attn_cp_rank=0,
                 max_recv_per_poll=-1,
@@ -154,7 +155,7 @@ class Rank:
         result = GenerationBatchResult(
             num_accepted_tokens=accepted, spec_skipped=not speculative, spec_catch_up=kind == CAUGHT_UP
         )
-        self.switch.observe_step(self.forward_ct, batch_size, result)
+        self.switch.observe_step(self.forward_ct, self.batch, result)
 
     def receive(self) -> list:
         """The entry rank's request list for this iteration (nothing waits but the thresholds)."""
@@ -303,10 +304,6 @@ def test_auto_bounds_the_learned_thresholds(tmp_path):
             "--speculative-auto-max-batch-size needs --speculative-disable-batch-size auto",
         ),
         ({"speculative_disable_batch_size": "auto", "speculative_auto_max_batch_size": 0}, "must be at least 1, got 0"),
-        (
-            {"speculative_disable_batch_size": "auto", "enable_dp_attention": True},
-            "does not support --enable-dp-attention",
-        ),
     ],
 )
 def test_bad_auto_arguments_are_refused(tmp_path, overrides, message):

@@ -318,7 +318,7 @@ def test_an_idle_rank_replays_the_graph_set_of_its_peers_plain_decode(tmp_path):
     "overrides, env, message",
     [
         ({}, {"SGLANG_ENABLE_SPEC_V2": "1"}, "needs the v1 EAGLE worker"),
-        ({"speculative_disable_batch_size": "auto"}, {}, "auto does not support --enable-dp-attention"),
+        ({"speculative_disable_batch_size": "auto"}, {"SGLANG_ENABLE_SPEC_V2": "1"}, "needs the v1 EAGLE worker"),
         ({}, {"SGLANG_SCHEDULER_SKIP_ALL_GATHER": "1"}, "SGLANG_SCHEDULER_SKIP_ALL_GATHER"),
     ],
 )
@@ -336,3 +336,13 @@ def test_v1_with_fixed_thresholds_starts_under_dp_attention(tmp_path, monkeypatc
         tmp_path, enable_dp_attention=True, dp_size=2, tp_size=2, speculative_disable_batch_size=8
     )
     assert (args.speculative_disable_batch_size, args.speculative_enable_batch_size) == (8, 6)
+
+
+def test_v1_with_auto_starts_under_dp_attention(tmp_path, monkeypatch):
+    """The ranks' learners count the same steps (test_spec_switch_dp_auto.py), so auto is accepted."""
+    monkeypatch.delenv("SGLANG_ENABLE_SPEC_V2", raising=False)
+    args = handled_switch_args(
+        tmp_path, enable_dp_attention=True, dp_size=2, tp_size=2, speculative_disable_batch_size="auto"
+    )
+    assert args.speculative_switch_auto
+    assert (args.speculative_disable_batch_size, args.speculative_enable_batch_size) == (64, 1)
