@@ -17,6 +17,7 @@ import types
 
 import pytest
 import torch
+from switch_sim import TwoRankAllGather
 
 from sglang_cpu import (
     HIDDEN,
@@ -43,21 +44,6 @@ KINDS = ["speculate", "speculate", "plain", "plain", "plain", "speculate", "spec
 
 class Speculated(Exception):
     """The speculative step reached the draft's multi-step forward (a GPU forward)."""
-
-
-class TwoRankAllGather:
-    """torch.distributed.all_gather_into_tensor between two threads, one per DP rank."""
-
-    def __init__(self) -> None:
-        self.barrier = threading.Barrier(2, timeout=30)
-        self.slots: list = [None, None]
-        self.rank = threading.local()
-
-    def __call__(self, output: torch.Tensor, local: torch.Tensor, group=None) -> None:
-        self.slots[self.rank.value] = local.clone()
-        self.barrier.wait()
-        output.copy_(torch.cat(self.slots))
-        self.barrier.wait()
 
 
 def _gathered_batches(ranks, sizes, gather, require_mlp_tp_gather):

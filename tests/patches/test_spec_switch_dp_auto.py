@@ -15,14 +15,14 @@ draft), output streaming, and the result of a prefill step (SGLang's extend path
 from __future__ import annotations
 
 import contextlib
+import copy
 import random
 import threading
 import types
 
 import torch
 from sglang.srt.managers.utils import GenerationBatchResult
-from test_spec_switch_auto import SimulatedGpu, _nothing_waiting
-from test_spec_switch_dp import TwoRankAllGather
+from switch_sim import CAP, SimulatedGpu, TwoRankAllGather, nothing_waiting
 
 from sglang_cpu import (
     init_single_rank_groups,
@@ -35,12 +35,17 @@ from sglang_cpu import (
     write_tiny_llama_config,
 )
 
-CAP = 64
 SIZES = [0, 1, 2, 3, 5, 8, 12, 16, 20, 24, 30, 36, 44]
 
 
 class Speculated(Exception):
     """The speculative step reached the draft's multi-step forward (a GPU forward)."""
+
+
+def _without_dp_attention(server_args):
+    entry_args = copy.copy(server_args)
+    entry_args.enable_dp_attention, entry_args.language_only = False, False
+    return entry_args
 
 
 class DpRank:
@@ -77,14 +82,16 @@ class DpRank:
             server_args=server_args, token_to_kv_pool_allocator=self.pools.allocator, tree_cache=self.pools.tree_cache,
             req_to_token_pool=self.pools.req_to_token_pool,
             stream_output=lambda *args, **kwargs: None, stream_output_generation=lambda *args, **kwargs: None,
+            is_stats_logging_rank=False,  # 0.5.10 reads it after each decode
         )  # fmt: skip
         scheduler.init_request_dispatcher()
         if rank == 0:  # the entry rank: TP rank 0, whose control requests every rank receives
-            idle = types.SimpleNamespace(recv_pyobj=_nothing_waiting)
+            idle = types.SimpleNamespace(recv_pyobj=nothing_waiting)
             scheduler.__dict__.update(
                 recv_skipper=None, pp_rank=0, tp_rank=0, attn_tp_rank=0, attn_cp_rank=0, max_recv_per_poll=-1,
                 recv_from_tokenizer=idle, recv_from_rpc=idle, input_blocker=None, tp_size=1, enable_trace=False,
-                server_args=types.SimpleNamespace(enable_dp_attention=False, language_only=False),
+                # recv_requests of one process: nothing to broadcast (the test hands the list on).
+                server_args=_without_dp_attention(server_args),
             )  # fmt: skip
         self.scheduler = scheduler
 
@@ -115,9 +122,14 @@ class DpRank:
                 self.kinds.append("plain")
             except Speculated:
                 self.kinds.append("speculate")
-                accepted = self._advance(True, batch.batch_size())
+                bs = batch.batch_size()
+                accepted = self._advance(True, bs)
+                # As a verify reports them: per request (0.5.10 reads these), then in total.
+                per_req = [accepted // bs + (i < accepted % bs) for i in range(bs)]
                 result = GenerationBatchResult(
-                    next_token_ids=torch.zeros(batch.batch_size()), num_accepted_tokens=accepted
+                    next_token_ids=torch.zeros(accepted + bs, dtype=torch.int64),
+                    num_accepted_tokens=accepted,
+                    accept_length_per_req_cpu=per_req,
                 )
         if batch.forward_mode.is_decode():
             self.scheduler.process_batch_result_decode(batch, result)
@@ -128,7 +140,10 @@ class DpRank:
     def _plain_step(self, batch):
         self._advance(False, batch.batch_size())
         bs = batch.batch_size()
-        return GenerationBatchResult(next_token_ids=torch.zeros(bs), num_accepted_tokens=0, spec_skipped=True)
+        # As the v1 fallback step reports it (0004): one token a request, none accepted.
+        return GenerationBatchResult(
+            next_token_ids=torch.zeros(bs), num_accepted_tokens=0, accept_length_per_req_cpu=[0] * bs, spec_skipped=True
+        )
 
     def _draft(self, batch):
         raise Speculated

@@ -1,0 +1,197 @@
+"""The auto switch's CPU simulation (0014): a GPU cost model, one rank's v2 worker and scheduler
+around the real switch, and the decode loop that serves a load; shared by the auto switch's tests
+on TP and DP ranks.
+
+Only the GPU is simulated: a step's duration comes from a cost model of a GPU-bound target (a fixed
+part and a part per request, speculative steps dearer, each request gaining `accept_length` tokens
+per speculative step), with multiplicative noise, on a clock of the rank's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import threading
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import zmq
+from sglang.srt.managers.utils import GenerationBatchResult
+
+from sglang_cpu import make_req, prefilled_decode_batch
+
+CAP = 64
+
+
+@dataclass
+class SimulatedGpu:
+    plain: tuple[float, float] = (4e-3, 5e-5)  # seconds per step: fixed, per request
+    spec: tuple[float, float] = (7e-3, 2.5e-4)
+    accept_length: float = 2.7  # tokens per request per speculative step, the bonus included
+    noise: float = 0.02
+
+    def crossover(self) -> float:
+        """The batch size where both modes give the same tokens per second."""
+        (a_p, b_p), (a_s, b_s), length = self.plain, self.spec, self.accept_length
+        if b_s <= length * b_p:  # speculation's extra cost per request never catches up
+            return math.inf if length * a_p > a_s else 0.0
+        return (length * a_p - a_s) / (b_s - length * b_p)
+
+    def step(self, speculative: bool, batch_size: int, rng: random.Random) -> tuple[float, int]:
+        fixed, per_request = self.spec if speculative else self.plain
+        seconds = (fixed + per_request * batch_size) * rng.uniform(1 - self.noise, 1 + self.noise)
+        if not speculative:
+            return seconds, 0
+        # Whole tokens with the mean of accept_length (at a batch of 1, 1.6 is not 2).
+        expected = batch_size * (self.accept_length - 1)
+        accepted = math.floor(expected) + (rng.random() < expected - math.floor(expected))
+        return seconds, accepted
+
+
+class Speculated(Exception):
+    pass
+
+
+CAUGHT_UP = "catch-up"
+
+
+class Rank:
+    """One TP rank: the v2 worker with the auto switch, a scheduler around it, its own clock."""
+
+    def __init__(self, env, seed: int, entry: bool):
+        from sglang.srt.managers.scheduler import Scheduler
+        from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+        from sglang.srt.speculative.spec_switch import SpecSwitch
+        from sglang.srt.speculative.spec_switch_auto import AutoThreshold
+        from sglang.srt.speculative.spec_switch_v2 import DeferredDraftSyncV2
+
+        self.env, self.rng, self.now = env, random.Random(seed), 0.0
+        auto = AutoThreshold(CAP, clock=lambda: self.now)
+        worker = object.__new__(EAGLEWorkerV2)
+        worker.spec_switch = SpecSwitch.learning(auto)
+        sync = worker.deferred_draft_sync = DeferredDraftSyncV2(max_catch_up_tokens=4096)
+        # What the real steps leave in the deferred sync's bookkeeping.
+        worker.forward_plain_decode = lambda mwb: sync.fell_behind(mwb, mwb.seq_lens_cpu)
+        worker.forward_catch_up = lambda mwb: (sync.forget(mwb), CAUGHT_UP)[1]
+
+        def draft(mwb):
+            raise Speculated
+
+        worker._draft_worker = types.SimpleNamespace(
+            draft_tp_context=lambda group: contextlib.nullcontext(),
+            draft_runner=types.SimpleNamespace(tp_group=None),
+            draft=draft,
+        )
+        self.worker, self.switch = worker, worker.spec_switch
+        scheduler = object.__new__(Scheduler)
+        scheduler.draft_worker = worker
+        scheduler.init_request_dispatcher()
+        if entry:
+            idle = types.SimpleNamespace(recv_pyobj=nothing_waiting)
+            scheduler.__dict__.update(
+                recv_skipper=None,
+                pp_rank=0,
+                tp_rank=0,
+                attn_tp_rank=0,
+                attn_cp_rank=0,
+                max_recv_per_poll=-1,
+                recv_from_tokenizer=idle,
+                recv_from_rpc=idle,
+                input_blocker=None,
+                tp_size=1,
+                server_args=types.SimpleNamespace(enable_dp_attention=False, language_only=False),
+                enable_trace=False,
+            )
+        self.scheduler = scheduler
+        self.batch: Any = None
+        self.worker_batch: Any = None
+        self.held = 0  # KV slots the batch took from the allocator
+        self.forward_ct = 0
+        self.kinds: list[str] = []
+
+    def decode_batch(self, batch_size: int):
+        """The running batch at this size, prefilled as SGLang prefills (the last one freed)."""
+        if self.batch is None or len(self.batch.reqs) != batch_size:
+            if self.batch is not None:
+                self._free_batch()
+            self.forward_ct += 1  # the requests' prefill ran between the decode steps
+            reqs = [make_req(f"s{self.forward_ct}r{i}", prompt_len=4 + i % 3) for i in range(batch_size)]
+            available = self.env.allocator.available_size()
+            self.batch = prefilled_decode_batch(
+                self.env, reqs, [100 + i for i in range(batch_size)], overlap=True, topk=1
+            )
+            self.held = available - self.env.allocator.available_size()
+            self.worker_batch = self.batch.get_model_worker_batch()
+        return self.worker_batch
+
+    def _free_batch(self) -> None:
+        """Every KV slot the batch holds: its prompts' and the decode steps' reserved after them
+        (the same number a request), so that a long run of changing batches fits the pools."""
+        seq_lens = self.batch.seq_lens_cpu.tolist()
+        reserved = (self.held - sum(seq_lens)) // len(seq_lens)
+        for req, seq_len in zip(self.batch.reqs, seq_lens, strict=True):
+            row = self.env.req_to_token_pool.req_to_token[req.req_pool_idx]
+            self.env.allocator.free(row[: seq_len + reserved].clone())
+            self.env.req_to_token_pool.free(req)
+
+    def step(self, batch_size: int, gpu: SimulatedGpu) -> None:
+        """One decode step: the decision, the simulated forward, the scheduler's report."""
+        speculative = False
+        try:
+            kind = self.worker.forward_batch_generation(self.decode_batch(batch_size)) or "plain"
+        except Speculated:
+            speculative, kind = True, "speculate"
+        self.kinds.append(kind)
+        seconds, accepted = gpu.step(speculative, batch_size, self.rng)
+        if kind == CAUGHT_UP:  # an extend over the positions decoded while off: a dear step
+            seconds *= 4
+        self.now += seconds
+        self.forward_ct += 1
+        result = GenerationBatchResult(
+            num_accepted_tokens=accepted, spec_skipped=not speculative, spec_catch_up=kind == CAUGHT_UP
+        )
+        self.switch.observe_step(self.forward_ct, self.batch, result)
+
+    def receive(self) -> list:
+        """The entry rank's request list for this iteration (nothing waits but the thresholds)."""
+        return self.scheduler.recv_requests()
+
+    def process(self, recv_reqs: list) -> None:
+        """What process_input_requests does with each of them: SGLang's own dispatch."""
+        for recv_req in recv_reqs:
+            assert self.scheduler._request_dispatcher(recv_req) is None
+
+
+def nothing_waiting(flags=0):
+    raise zmq.ZMQError(zmq.EAGAIN)
+
+
+def serve(ranks: list[Rank], load: list[tuple[int, int]], gpu: SimulatedGpu) -> list[int]:
+    """Decode `steps` steps at each (batch size, steps); the thresholds after each phase."""
+    thresholds = []
+    for batch_size, steps in load:
+        for _ in range(steps):
+            recv_reqs = ranks[0].receive()  # broadcast: every rank processes the same list
+            for rank in ranks:
+                rank.process(list(recv_reqs))
+                rank.step(batch_size, gpu)
+        thresholds.append(ranks[0].switch.disable_batch_size)
+    return thresholds
+
+
+class TwoRankAllGather:
+    """torch.distributed.all_gather_into_tensor between two threads, one per DP rank."""
+
+    def __init__(self) -> None:
+        self.barrier = threading.Barrier(2, timeout=30)
+        self.slots: list = [None, None]
+        self.rank = threading.local()
+
+    def __call__(self, output: torch.Tensor, local: torch.Tensor, group=None) -> None:
+        self.slots[self.rank.value] = local.clone()
+        self.barrier.wait()
+        output.copy_(torch.cat(self.slots))
+        self.barrier.wait()
