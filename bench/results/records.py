@@ -13,6 +13,7 @@ results.json:
                     "counters": {"spec_steps", "fallback_steps", "switches"} | null,
                     "decode_lines", "decode_tok_per_s" | null,  # the decode pair once taken from the log
                     "decode_accept_len"}],  # the acceptance decode_tok_per_s is at; absent: plain steps or older runs
+        "rates": [...],                    # open-loop request rates (bench.results.open_records); absent: none
         "startup_s", "profile": PROFILE | [PROFILE, ...],  # a list when the run profiled several levels
         # PROFILE: {"concurrency", "profiled_steps", "error"}
         #        | {"concurrency", "profiled_steps", <bench.results.profile.ProfileSummary>}
@@ -52,6 +53,7 @@ from bench.results.fields import (
     str_map,
 )
 from bench.results.logparse import Counters, GraphSet
+from bench.results.open_records import OpenRateRecord, rates_from_json
 from bench.results.profile import ProfileSummary, ProfileWindow
 from bench.results.recommendation import Recommendation
 
@@ -266,6 +268,7 @@ class ConfigRecord:
     env: Mapping[str, str] = field(default_factory=dict)
     compare_to: tuple[str, ...] = ()  # ratio: this / max(these) per level
     levels: tuple[LevelRecord, ...] = ()
+    rates: tuple[OpenRateRecord, ...] = ()  # the open loop's request rates, in the order run
     startup_s: float | None = None
     profiles: tuple[ProfileRecord, ...] = ()  # one per profiled level, in the order run
     graph_sets: tuple[GraphSet, ...] | None = None  # the target's CUDA graph sets, from rank 0's log
@@ -274,8 +277,8 @@ class ConfigRecord:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.flags is None and (self.env or self.compare_to or self.levels):
-            raise ValueError("a config without flags has no env, compare_to or levels either")
+        if self.flags is None and (self.env or self.compare_to or self.levels or self.rates):
+            raise ValueError("a config without flags has no env, compare_to, levels or rates either")
         check_extra(self, self.extra)
 
     def to_json(self) -> dict[str, Any]:
@@ -287,6 +290,8 @@ class ConfigRecord:
                 compare_to=list(self.compare_to),
                 levels=[lv.to_json() for lv in self.levels],
             )
+        if self.rates:
+            out["rates"] = [r.to_json() for r in self.rates]
         if self.startup_s is not None:
             out["startup_s"] = self.startup_s
         if self.profiles:
@@ -320,6 +325,7 @@ class ConfigRecord:
             levels=tuple(LevelRecord.from_json(lv, f"{where}.levels[{i}]") for i, lv in enumerate(r.items("levels")))
             if setup
             else (),
+            rates=rates_from_json(r.get("rates"), f"{where}.rates") if r.has("rates") else (),
             startup_s=r.opt(r.number, "startup_s"),
             profiles=_profiles(r.opt(r.get, "profile"), f"{where}.profile"),
             graph_sets=tuple(graph_set(g, f"{where}.graph_sets[{i}]") for i, g in enumerate(r.items("graph_sets")))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.configs import AGAIN, BASELINE_NOSPEC, BASELINE_SPEC, declared_references
+from bench.results import open_report
 from bench.results.analysis import Recommendation, best_of_ratios, recommend, series
 from bench.results.decode_rate import decode_rates_by_batch_size, median_rate
 from bench.results.learned import learned_lines
@@ -156,6 +157,7 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
     )
     lines = _table(cfgs, levels, "tok_per_s", analysis.ratios, spec_row)
     out = ["Output tokens per second (all requests' output tokens / wall time of the level).", "", *lines, ""]
+    out = out if levels else []  # an open-loop run alone: no closed-loop table
     if analysis.ratios:
         out.append(f"Ratios below {RATIO_TARGET} are in bold.")
         out.append("")
@@ -171,6 +173,7 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
             *_table(cfgs, levels, "decode_tok_per_s", analysis.decode_ratios),
             "",
         ]
+    out += open_report.markdown_lines(run)
     out += _noise_lines(run, analysis)
     out += _recommendation_lines(analysis)
     out += learned_lines(run)
@@ -356,6 +359,8 @@ def write_plot(run: RunResults, analysis: Analysis, path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
+    if not levels_of(run):
+        return None
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
     for name, c in run.configs.items():
         s = series(c.levels)
@@ -389,7 +394,8 @@ def concurrency_axis(ax: Any, levels: list[int]) -> None:
 
 
 def write_all(run: RunResults, out: Path, plot: bool = True) -> tuple[Analysis, dict[str, Path | None]]:
-    """Analyse the run and write results.json, .csv, .md and (with plot) throughput.png to out."""
+    """Analyse the run and write results.json, .csv, .md and (with plot) throughput.png and
+    open-loop.png to out."""
     out.mkdir(parents=True, exist_ok=True)
     analysis = analyse(run)
     return analysis, {
@@ -397,4 +403,5 @@ def write_all(run: RunResults, out: Path, plot: bool = True) -> tuple[Analysis, 
         "csv": write_csv(run, analysis, out / "results.csv"),
         "md": write_markdown(run, analysis, out / "results.md"),
         "png": write_plot(run, analysis, out / "throughput.png") if plot else None,
+        "open_png": open_report.write_plot(run, out / "open-loop.png") if plot else None,
     }

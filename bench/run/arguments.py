@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from bench.configs import CONFIGS, DEFAULT_CONFIGS, DEFAULT_PLAIN_CONFIGS, DEFAULT_UPSTREAM_CONFIGS
@@ -22,6 +23,33 @@ def _levels(text: str) -> list[int]:
     if not out or min(out) < 1:
         raise argparse.ArgumentTypeError("concurrency levels must be >= 1")
     return out
+
+
+def _rates(text: str) -> list[float]:
+    """--request-rates: requests/s > 0 each, or inf (all at once), as bench_serving's --request-rate."""
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        try:
+            rate = float(item)
+        except ValueError:
+            rate = math.nan
+        if not rate > 0:  # also NaN and the empty item of "2,,4"
+            raise argparse.ArgumentTypeError(
+                f"{item!r} is not a request rate: give requests per second > 0 or inf, comma-separated, "
+                "e.g. --request-rates 2,4,8,16,32"
+            )
+        out.append(rate)
+    return out
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -133,8 +161,10 @@ def _add_sweep_args(ap: argparse.ArgumentParser) -> None:
         "--num-requests",
         type=_positive,
         default=None,
-        help="requests per level, at least WAVES x the level (default 30; --quick 10)",
+        help="requests per level, at least WAVES x the level (default 30; --quick 10); with "
+        f"--request-rates also the requests per rate (default {DEFAULT_RATE_REQUESTS})",
     )
+    _add_open_loop_args(ap)
     ap.add_argument(
         "--waves",
         type=_positive,
@@ -166,6 +196,29 @@ def _add_sweep_args(ap: argparse.ArgumentParser) -> None:
         help=f"prompt file (.jsonl/.json/.txt; default {client.DEFAULT_PROMPTS.name})",
     )
     ap.add_argument("--chat-template", action="store_true", help="wrap prompts with the model's chat template")
+
+
+DEFAULT_RATE_REQUESTS = 100
+
+
+def _add_open_loop_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--request-rates",
+        type=_rates,
+        default=None,
+        help="open loop: for each of these rates (requests/s, comma-separated, inf: all at once) send "
+        "requests at Poisson arrivals, as `python -m sglang.bench_serving --request-rate`, and report "
+        "output tok/s, TTFT, TPOT and ITL; on each config's server after its --concurrency levels "
+        "(none unless --concurrency is given too)",
+    )
+    ap.add_argument(
+        "--rate-duration",
+        type=_seconds,
+        default=None,
+        help="instead of --num-requests: send each rate's arrivals for about this many seconds "
+        "(ceil(rate x seconds) requests; finite rates only)",
+    )
+    ap.add_argument("--seed", type=int, default=None, help="the arrivals' seed, as bench_serving's --seed (default 1)")
 
 
 def _add_server_args(ap: argparse.ArgumentParser) -> None:

@@ -4,6 +4,7 @@ sweep and the target (tree, models, prompts, output folder)."""
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from bench.errors import BenchUsageError
 from bench.models import fixtures
 from bench.results import profile
 from bench.run import client
-from bench.run.arguments import FULL_LEVELS, QUICK_LEVELS
+from bench.run.arguments import DEFAULT_RATE_REQUESTS, FULL_LEVELS, QUICK_LEVELS
 
 
 @dataclass(frozen=True)
@@ -35,12 +36,19 @@ class RunSettings:
     profile_window: profile.ProfileWindow
     keep_traces: bool
     freeze_gc: bool  # POST /freeze_gc after each server's warm-up
+    # The open loop (bench.run.open_loop), after the levels; empty: none.
+    request_rates: tuple[float, ...] = ()
+    rate_requests: int = DEFAULT_RATE_REQUESTS  # per rate, unless rate_duration
+    rate_duration: float | None = None  # seconds of arrivals per rate instead
+    seed: int = 1
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RunSettings:
         quick = args.quick
+        rates = _open_loop_args(args)
+        closed = args.concurrency or ([] if rates else QUICK_LEVELS if quick else FULL_LEVELS)
         return cls(
-            levels=tuple(args.concurrency or (QUICK_LEVELS if quick else FULL_LEVELS)),
+            levels=tuple(closed),
             num_requests=args.num_requests if args.num_requests is not None else (10 if quick else 30),
             waves=args.waves if args.waves is not None else (1 if quick else 3),
             max_new_tokens=args.max_new_tokens or (128 if quick else 512),
@@ -56,11 +64,49 @@ class RunSettings:
             profile_window=profile.ProfileWindow(args.profile_window),
             keep_traces=args.keep_traces,
             freeze_gc=args.freeze_gc,
+            request_rates=tuple(rates),
+            rate_requests=args.num_requests or DEFAULT_RATE_REQUESTS,
+            rate_duration=args.rate_duration,
+            seed=1 if args.seed is None else args.seed,
         )
+
+    def requests_for_rate(self, rate: float) -> int:
+        if self.rate_duration is None:
+            return self.rate_requests
+        return max(1, math.ceil(rate * self.rate_duration))
+
+    @property
+    def warm_up_top(self) -> int:
+        """The largest batch the warm-up reaches: the largest level, or for the open loop alone (whose
+        batch the arrivals decide) as many requests as one rate sends, up to the server's cap."""
+        if self.levels:
+            return max(self.levels)
+        most = max((self.requests_for_rate(r) for r in self.request_rates), default=1)
+        return max(1, min(most, self.max_running_requests))
 
     @property
     def sampling(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "max_new_tokens": self.max_new_tokens, "ignore_eos": self.ignore_eos}
+
+
+def _open_loop_args(args: argparse.Namespace) -> list[float]:
+    """--request-rates, checked against the options that go with it."""
+    rates: list[float] = args.request_rates or []
+    if not rates:
+        for flag, value in (("--rate-duration", args.rate_duration), ("--seed", args.seed)):
+            if value is not None:
+                raise BenchUsageError(
+                    f"{flag} sets the open loop's arrivals: give --request-rates too, or leave it out"
+                )
+    if args.rate_duration is not None:
+        if args.num_requests is not None:
+            raise BenchUsageError("--rate-duration and --num-requests both set the requests per rate: give one of them")
+        if any(math.isinf(r) for r in rates):
+            raise BenchUsageError(
+                "--rate-duration needs finite --request-rates (inf sends everything at once): "
+                "drop inf, or give --num-requests instead"
+            )
+    return rates
 
 
 @dataclass(frozen=True)

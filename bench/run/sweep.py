@@ -28,6 +28,7 @@ from bench.errors import BenchError, BenchUsageError
 from bench.results import profile, report
 from bench.results.analysis import hysteresis
 from bench.results.logparse import captured_graph_sets, parse_log, parse_metrics, parse_threshold
+from bench.results.open_records import rate_label
 from bench.results.records import (
     Analysis,
     ConfigRecord,
@@ -37,7 +38,7 @@ from bench.results.records import (
     SwitchCounters,
     read_results,
 )
-from bench.run import client
+from bench.run import client, open_loop
 from bench.run.releases import configs_for_tree, recommended_flags
 from bench.run.server import (
     PROJECT_ROOT,
@@ -66,7 +67,7 @@ def _switch_thresholds(cfg: Config, settings: RunSettings, results: RunResults) 
             "first in the same run, or pass --switch-thresholds N,M or --thresholds-from results.json"
         )
     if rec.kind == "always":  # never switch off within the sweep
-        n = max(settings.levels)
+        n = max(settings.levels, default=settings.max_running_requests)
         return n, hysteresis(n)
     if rec.disable_batch_size is None or rec.enable_batch_size is None:
         raise BenchError(f"{cfg.name}: the {rec.kind} recommendation gives no thresholds")
@@ -139,12 +140,13 @@ def run_config(cfg: Config, settings: RunSettings, target: RunTarget, results: R
     with Server(spec, log, target.tree) as srv:
         logger.info(f"[{cfg.name}] server up in {time.monotonic() - t0:.0f}s: {srv.command}")
         entry = results.configs[cfg.name] = replace(entry, startup_s=round(time.monotonic() - t0, 1))
-        for c in warm_up_levels(settings.levels):
+        for c in warm_up_levels([settings.warm_up_top]):
             client.run_level(srv.url, target.prompts_for_level(c), c, {**settings.sampling, "max_new_tokens": 8})
         if settings.freeze_gc:
             client.freeze_gc(srv.url)
             logger.info(f"[{cfg.name}] garbage collector frozen (/freeze_gc)")
         entry = _run_levels(cfg.name, srv.url, settings, target, results)
+        entry = _run_rates(cfg.name, srv.url, settings, target, results)
         for c in settings.profile_at:
             profiled = _profile(cfg.name, srv.url, c, settings, target, log)
             entry = results.configs[cfg.name] = replace(entry, profiles=(*entry.profiles, profiled))
@@ -200,6 +202,34 @@ def _run_level(name: str, url: str, c: int, settings: RunSettings, target: RunTa
     )
 
 
+def _run_rates(name: str, url: str, settings: RunSettings, target: RunTarget, results: RunResults) -> ConfigRecord:
+    """The open loop: each request rate in turn on the config's server, saving the run after each."""
+    entry = results.configs[name]
+    for rate in settings.request_rates:
+        n = settings.requests_for_rate(rate)
+        client.flush_cache(url)  # as before each closed-loop level: no prefix cached from the last rate
+        label = f"[{name}] rate={rate_label(rate)}/s"
+        with tqdm(total=n, desc=label, disable=not sys.stderr.isatty(), leave=False) as bar:
+            run = open_loop.run_rate(
+                url,
+                target.prompts_for_level(n),
+                rate,
+                settings.sampling,
+                seed=settings.seed,
+                on_done=lambda done, _: bar.update(done - bar.n),
+            )
+        rec = run.record()
+        entry = results.configs[name] = replace(entry, rates=(*entry.rates, rec))
+        logger.info(
+            f"{label} n={n}: {rec.output_tok_per_s:9.1f} tok/s  {rec.request_per_s:.2f} req/s  "
+            f"arrivals {rec.arrival_rate or 0:.2f}/s  TTFT p50 {rec.ttft_p50_ms or 0:.0f} ms  "
+            f"TPOT p50 {rec.tpot_p50_ms or 0:.1f} ms  wall {rec.duration_s:.1f}s"
+            + (f"  ERRORS {rec.error_count}: {rec.errors[0]}" if rec.errors else "")
+        )
+        _save(results, target.out, plot=False)
+    return entry
+
+
 def _profile(name: str, url: str, c: int, settings: RunSettings, target: RunTarget, log: Path) -> ProfileRecord:
     traces = target.out / "profiles" / name / f"c{c}"
     window = settings.profile_window
@@ -240,6 +270,7 @@ def _meta(args: argparse.Namespace, settings: RunSettings, target: RunTarget, im
         "levels": ",".join(map(str, settings.levels)),
         "num_requests": settings.num_requests,
         "waves": settings.waves,
+        **_open_meta(settings),
         "max_new_tokens": settings.max_new_tokens,
         "temperature": settings.temperature,
         "prompts": target.prompts_file,
@@ -247,6 +278,17 @@ def _meta(args: argparse.Namespace, settings: RunSettings, target: RunTarget, im
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "extra_flags": settings.extra_flags,
         **({"freeze_gc": True} if settings.freeze_gc else {}),
+    }
+
+
+def _open_meta(settings: RunSettings) -> dict[str, Any]:
+    if not settings.request_rates:
+        return {}
+    per_rate = f"{settings.rate_duration:g} s" if settings.rate_duration else settings.rate_requests
+    return {
+        "request_rates": ",".join(map(rate_label, settings.request_rates)),
+        "rate_requests": per_rate,
+        "seed": settings.seed,
     }
 
 
@@ -272,7 +314,9 @@ def command(args: argparse.Namespace) -> int:
     results = RunResults(meta=_meta(args, settings, target, imported))
     logger.info(
         f"bench: {len(cfgs)} config(s) x levels {list(settings.levels)}, max({settings.num_requests}, "
-        f"{settings.waves} x C) requests, {settings.max_new_tokens} new tokens -> {out}"
+        f"{settings.waves} x C) requests"
+        + (f", request rates {list(map(rate_label, settings.request_rates))}/s" if settings.request_rates else "")
+        + f", {settings.max_new_tokens} new tokens -> {out}"
     )
     failed = _run_configs(cfgs, settings, target, results, args.time_budget)
     analysis, paths = _save(results, out, plot=True)

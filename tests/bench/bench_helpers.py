@@ -104,3 +104,86 @@ class LocalServer:
 
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
+
+
+class StreamingServer:
+    """A stand-in for SGLang's streamed /generate on a free local port (aiohttp, on its own thread's
+    loop): each request's first chunk after `first_delay` s, then one chunk every `chunk_delay` s,
+    each `tokens_per_chunk` tokens more (cumulative text and completion_tokens, as SGLang sends
+    them), then `data: [DONE]`. Prompt "fail" gets HTTP 500, "error-chunk" SGLang's error chunk,
+    "no-token" only [DONE]. `arrivals`: when each request came (time.perf_counter), `most`: the
+    most requests it held at once."""
+
+    def __init__(self, first_delay: float = 0.0, chunk_delay: float = 0.0, tokens_per_chunk: int = 1) -> None:
+        import asyncio
+        import threading
+
+        self.first_delay, self.chunk_delay, self.tokens_per_chunk = first_delay, chunk_delay, tokens_per_chunk
+        self.arrivals: list[float] = []
+        self.most = self._inflight = 0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+        self._ready.wait(10)
+
+    def _serve(self) -> None:
+        import asyncio
+
+        from aiohttp import web
+
+        asyncio.set_event_loop(self._loop)
+        app = web.Application()
+        app.router.add_post("/generate", self._generate)
+        self._runner = web.AppRunner(app)
+        self._loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        self._loop.run_until_complete(site.start())
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _generate(self, request: Any) -> Any:
+        import asyncio
+        import json
+        import time
+
+        from aiohttp import web
+
+        self.arrivals.append(time.perf_counter())
+        body = await request.json()
+        if body["text"] == "fail":
+            return web.Response(status=500, text="boom")
+        self._inflight += 1
+        self.most = max(self.most, self._inflight)
+        try:
+            reply = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await reply.prepare(request)
+            n = body["sampling_params"]["max_new_tokens"]
+            await asyncio.sleep(self.first_delay)
+            if body["text"] == "error-chunk":
+                await reply.write(b'data: {"error": {"message": "bad"}}\n\n')
+            tokens = (
+                ()
+                if body["text"] in ("error-chunk", "no-token")
+                else range(self.tokens_per_chunk, n + 1, self.tokens_per_chunk)
+            )
+            for k in tokens:
+                if k > self.tokens_per_chunk:
+                    await asyncio.sleep(self.chunk_delay)
+                chunk = {"text": "t" * k, "meta_info": {"completion_tokens": k}}
+                await reply.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            await reply.write(b"data: [DONE]\n\n")
+            return reply
+        finally:
+            self._inflight -= 1
+
+    def __enter__(self) -> StreamingServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)

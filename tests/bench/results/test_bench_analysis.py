@@ -161,8 +161,8 @@ def test_plot_is_optional(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(builtins, "__import__", no_mpl)
     _, paths = report.write_all(user_results(), tmp_path)
-    assert paths["png"] is None
-    assert all(p is not None and p.is_file() for k, p in paths.items() if k != "png")
+    assert paths["png"] is None and paths["open_png"] is None
+    assert all(p is not None and p.is_file() for k, p in paths.items() if k not in ("png", "open_png"))
 
 
 def test_merge_recomputes(tmp_path: Path) -> None:
