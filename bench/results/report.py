@@ -158,7 +158,7 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
     lines = _table(cfgs, levels, "tok_per_s", analysis.ratios, spec_row)
     out = ["Output tokens per second (all requests' output tokens / wall time of the level).", "", *lines, ""]
     out = out if levels else []  # an open-loop run alone: no closed-loop table
-    if analysis.ratios:
+    if levels and analysis.ratios:
         out.append(f"Ratios below {RATIO_TARGET} are in bold.")
         out.append("")
     out += _wave_lines(cfgs, levels)
@@ -175,7 +175,7 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
         ]
     out += open_report.markdown_lines(run)
     out += _noise_lines(run, analysis)
-    out += _recommendation_lines(analysis)
+    out += _recommendation_lines(analysis) if levels else []  # none from an open loop alone
     out += learned_lines(run)
     if run.meta:
         out.append(

@@ -1,6 +1,6 @@
 """Fake `python -m sglang.launch_server`: /health, /generate, /metrics, /flush_cache, /freeze_gc, /start_profile.
 
-Generates `max_new_tokens` ids after a short sleep; counts spec/fallback steps by concurrency when
+Generates `max_new_tokens` ids after a short sleep (streamed a token every 2 ms with "stream": true); counts spec/fallback steps by concurrency when
 --speculative-disable-batch-size is given; logs spec-switch lines like the patch and a decode line
 per request; /start_profile writes a small rank-0 trace (FAKE_TRACE) into the output_dir it is given.
 """
@@ -53,6 +53,20 @@ class H(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _stream(self, n):
+        """SGLang's streamed /generate: a chunk per token (cumulative text), then [DONE]."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()  # HTTP/1.0 and no length: the reply ends when the connection closes
+        for k in range(1, n + 1):
+            time.sleep(0.002)
+            chunk = {"text": "x" * k, "meta_info": {"completion_tokens": k}}
+            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            self.wfile.flush()
+        with lock:
+            state["inflight"] -= 1
+        self.wfile.write(b"data: [DONE]\n\n")
+
     def do_GET(self):
         if self.path == "/health":
             return self._send(200, "{}")
@@ -97,6 +111,8 @@ class H(BaseHTTPRequestHandler):
                 f"gen throughput (token/s): 100.00, #queue-req: 0",
                 flush=True,
             )
+        if body.get("stream"):
+            return self._stream(n)
         time.sleep(0.002 * n)
         with lock:
             state["inflight"] -= 1
