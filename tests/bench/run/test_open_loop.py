@@ -7,6 +7,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -105,3 +106,58 @@ def test_a_500_a_stream_error_and_a_dead_server_are_errors_not_crashes() -> None
     dead = run_rate("http://127.0.0.1:1", ["ok", "ok"], math.inf, SAMPLING).record()
     assert dead.completed == 0 and all("ConnectionRefused" in e or "Connect" in e for e in dead.errors)
     assert time.perf_counter() - t0 < 5
+
+
+def _sglang_calculate_metrics() -> Any:
+    """calculate_metrics from the SGLang tree's own bench_serving.py ($SGLANG_TREE, else the pinned
+    line's build/sglang-v0.5.9), compiled alone: the module itself imports `datasets`, which this
+    environment lacks."""
+    import ast
+    import dataclasses
+    import os
+    import typing
+    import warnings
+
+    root = Path(__file__).resolve().parents[3]
+    tree = Path(os.environ.get("SGLANG_TREE") or root / "build" / "sglang-v0.5.9")
+    source = tree / "python" / "sglang" / "bench_serving.py"
+    if not source.is_file():
+        pytest.skip(f"no SGLang tree with bench_serving.py at {tree} (make apply, or set SGLANG_TREE)")
+    module = ast.parse(source.read_text())
+    wanted = [n for n in module.body if getattr(n, "name", None) in ("BenchmarkMetrics", "calculate_metrics")]
+    names: dict[str, Any] = {"np": np, "warnings": warnings, "dataclass": dataclasses.dataclass, **vars(typing)}
+    names |= {"PreTrainedTokenizerBase": object, "RequestFuncOutput": object, "DatasetRow": object}
+    exec(compile(ast.Module(body=wanted, type_ignores=[]), str(source), "exec"), names)
+    return names["calculate_metrics"]
+
+
+def test_our_metrics_equal_sglang_bench_servings_on_the_same_outputs() -> None:
+    from types import SimpleNamespace
+
+    calculate_metrics = _sglang_calculate_metrics()
+    rng = np.random.default_rng(0)
+    outputs = []
+    for i in range(40):
+        n = int(rng.integers(1, 30))
+        itl = [float(x) for x in rng.uniform(0.005, 0.05, n - 1)]
+        ttft = float(rng.uniform(0.05, 0.5))
+        ok = i % 9 != 4
+        outputs.append(StreamOutput(ok, ttft + sum(itl), ttft, itl, n if ok else 0, "" if ok else "HTTP 500", i * 0.1))
+    theirs = [SimpleNamespace(**vars(o), generated_text="", text_chunks=[]) for o in outputs]
+    tokenizer = SimpleNamespace(encode=lambda text, add_special_tokens=False: [])
+    metrics, _ = calculate_metrics(None, theirs, 9.0, tokenizer, "sglang")
+    ours = summarise(2.0, 1, outputs, 9.0)
+    assert ours.completed == metrics.completed and ours.output_tokens == metrics.total_output
+    assert ours.output_tok_per_s == pytest.approx(metrics.output_throughput, abs=0.01)
+    assert ours.request_per_s == pytest.approx(metrics.request_throughput, abs=0.001)
+    assert ours.concurrency == pytest.approx(metrics.concurrency, abs=0.01)
+    for key, theirs_ms in [
+        ("ttft_p50_ms", metrics.median_ttft_ms),
+        ("ttft_p99_ms", metrics.p99_ttft_ms),
+        ("tpot_p50_ms", metrics.median_tpot_ms),
+        ("tpot_p99_ms", metrics.p99_tpot_ms),
+        ("itl_p50_ms", metrics.median_itl_ms),
+        ("itl_p99_ms", metrics.p99_itl_ms),
+        ("e2e_p50_ms", metrics.median_e2e_latency_ms),
+    ]:
+        assert getattr(ours, key) == pytest.approx(theirs_ms, abs=0.001), key
