@@ -111,7 +111,7 @@ class StreamingServer:
     loop): each request's first chunk after `first_delay` s, then one chunk every `chunk_delay` s,
     each `tokens_per_chunk` tokens more (cumulative text and completion_tokens, as SGLang sends
     them), then `data: [DONE]`. Prompt "fail" gets HTTP 500, "error-chunk" SGLang's error chunk,
-    "no-token" only [DONE]. `arrivals`: when each request came (time.perf_counter), `most`: the
+    "no-token" only [DONE], "garbled" a chunk that is not JSON. `arrivals`: when each request came (time.perf_counter), `most`: the
     most requests it held at once."""
 
     def __init__(self, first_delay: float = 0.0, chunk_delay: float = 0.0, tokens_per_chunk: int = 1) -> None:
@@ -163,9 +163,11 @@ class StreamingServer:
             await asyncio.sleep(self.first_delay)
             if body["text"] == "error-chunk":
                 await reply.write(b'data: {"error": {"message": "bad"}}\n\n')
+            if body["text"] == "garbled":
+                await reply.write(b"data: {oops\n\n")
             tokens = (
                 ()
-                if body["text"] in ("error-chunk", "no-token")
+                if body["text"] in ("error-chunk", "no-token", "garbled")
                 else range(self.tokens_per_chunk, n + 1, self.tokens_per_chunk)
             )
             for k in tokens:

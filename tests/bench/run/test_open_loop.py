@@ -93,15 +93,15 @@ def test_metrics_are_calculate_metrics_definitions() -> None:
 
 
 def test_a_500_a_stream_error_and_a_dead_server_are_errors_not_crashes() -> None:
-    prompts = ["ok", "fail", "error-chunk", "no-token", "ok"]
+    prompts = ["ok", "fail", "error-chunk", "no-token", "ok", "garbled"]
     with StreamingServer() as srv:
         run = run_rate(srv.url, prompts, math.inf, SAMPLING)
     errors = [o.error for o in run.outputs]
     assert errors[0] == errors[4] == "" and errors[1] == "HTTP 500: boom"
     assert errors[2].startswith("stream error:") and "bad" in errors[2]
-    assert errors[3] == "the stream ended without a token"
+    assert errors[3] == "the stream ended without a token" and errors[5].startswith("JSONDecodeError")
     rec = run.record()
-    assert rec.completed == 2 and rec.error_count == 3 and rec.output_tokens == 20
+    assert rec.completed == 2 and rec.error_count == 4 and rec.output_tokens == 20
     t0 = time.perf_counter()
     dead = run_rate("http://127.0.0.1:1", ["ok", "ok"], math.inf, SAMPLING).record()
     assert dead.completed == 0 and all("ConnectionRefused" in e or "Connect" in e for e in dead.errors)

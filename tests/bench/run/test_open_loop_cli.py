@@ -32,7 +32,7 @@ def test_rates_alone_run_no_levels_and_with_concurrency_both() -> None:
     assert both.levels == (1, 10) and both.request_rates == (8.0,) and both.requests_for_rate(8.0) == 40
     assert both.seed == 7 and both.warm_up_top == 10
     timed = settings("--request-rates", "2,16", "--rate-duration", "10.5")
-    assert [timed.requests_for_rate(r) for r in (2.0, 16.0, 0.01)] == [21, 168, 1]
+    assert [timed.requests_for_rate(r) for r in (2.0, 3.0, 16.0, 0.01)] == [21, 32, 168, 1]
     assert timed.warm_up_top == 168
     assert settings("--quick").levels and settings().request_rates == ()
 
