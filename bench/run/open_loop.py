@@ -205,7 +205,7 @@ def summarise(rate: float, seed: int, outputs: Sequence[StreamOutput], duration_
         duration_s=round(duration_s, 3),
         output_tok_per_s=round(tokens / dur, 2),
         request_per_s=round(len(ok) / dur, 3),
-        arrival_rate=round((len(starts) - 1) / span, 3) if span > 0 else None,
+        arrival_rate=round((len(starts) - 1) / span, 3) if span > 0 and math.isfinite(rate) else None,
         concurrency=round(sum(o.latency for o in ok) / dur, 2),
         ttft_p50_ms=_ms([o.ttft for o in ok], 50),
         ttft_p99_ms=_ms([o.ttft for o in ok], 99),

@@ -125,3 +125,24 @@ def test_a_bad_rate_record_names_where(key: str, value: object, message: str) ->
     assert "c.rates[0]" in str(e.value)
     with pytest.raises(ResultsError, match="unknown key"):
         OpenRateRecord.from_json(rate(2, 1, 1).to_json() | {"new": 1}, "r")
+
+
+def test_the_plot_draws_each_config_against_the_rates_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a stand-in for matplotlib (the project's environment may lack it): one panel per metric,
+    each config's points at the rates' places, inf last; the figure saved to the path."""
+    from unittest import mock
+
+    plt = mock.MagicMock()
+    axes = [mock.MagicMock() for _ in open_report.PANELS]
+    plt.subplots.return_value = (mock.MagicMock(), axes)
+    mpl = mock.MagicMock(pyplot=plt)
+    monkeypatch.setitem(sys.modules, "matplotlib", mpl)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", plt)
+    path = tmp_path / "open-loop.png"
+    assert open_report.write_plot(open_run(), path) == path
+    plt.subplots.return_value[0].savefig.assert_called_once_with(path)
+    tok = {c.kwargs["label"]: c.args for c in axes[0].plot.call_args_list}
+    assert tok["nospec"] == ((0, 1, 2), (1000, 4000, 9000)) and tok["switch-v2"] == ((0, 1, 2), (1090, 3800, 8900))
+    tpot = {c.kwargs["label"]: c.args for c in axes[1].plot.call_args_list}
+    assert tpot["spec-v2"] == ((0, 1, 2), (6.0, 14.0, 40.0))
+    assert all(ax.set_xticks.call_args.args == (range(3), ["2", "8", "inf"]) for ax in axes)

@@ -42,13 +42,16 @@ def test_requests_go_out_on_schedule_whatever_is_in_flight() -> None:
     with StreamingServer(first_delay=0.3) as srv:
         run = run_rate(srv.url, ["ok"] * n, rate, SAMPLING, seed=3)
     schedule = arrival_offsets(n, rate, seed=3)
-    starts = [o.start_time for o in run.outputs]
-    assert max(abs(s - t) for s, t in zip(starts, schedule, strict=True)) < 0.03
+    # on time as a rule, and never late by a reply's 0.3 s (a loaded two-core machine can add tens of ms)
+    late = np.abs(np.array([o.start_time for o in run.outputs]) - schedule)
+    assert np.median(late) < 0.01 and late.max() < 0.1
     assert srv.most >= 5, "an open loop does not wait for replies: requests pile up behind a slow server"
-    assert [t - srv.arrivals[0] for t in srv.arrivals] == pytest.approx(schedule, abs=0.03)
+    came = np.array(srv.arrivals) - schedule  # the server's clock: its times up to a shift
+    came = np.abs(came - np.median(came))
+    assert np.median(came) < 0.01 and came.max() < 0.1
     rec = run.record()
     assert rec.completed == n and not rec.errors and rec.output_tokens == 10 * n
-    assert rec.arrival_rate == pytest.approx((n - 1) / schedule[-1], rel=0.1)
+    assert rec.arrival_rate == pytest.approx((n - 1) / schedule[-1], rel=0.15)
     assert rec.output_tok_per_s == pytest.approx(10 * n / run.duration_s, rel=1e-3)
     assert run.duration_s >= schedule[-1] + 0.3
 
@@ -57,9 +60,9 @@ def test_ttft_tpot_and_itl_of_a_server_with_known_delays() -> None:
     with StreamingServer(first_delay=0.15, chunk_delay=0.01) as srv:
         rec = run_rate(srv.url, ["ok"] * 4, 20.0, {**SAMPLING, "max_new_tokens": 20}, seed=1).record()
     assert rec.completed == 4 and rec.output_tokens == 80
-    assert rec.ttft_p50_ms is not None and 150 <= rec.ttft_p50_ms < 190
-    assert rec.tpot_p50_ms is not None and 10 <= rec.tpot_p50_ms < 12.5
-    assert rec.itl_p50_ms is not None and 10 <= rec.itl_p50_ms < 12.5
+    assert rec.ttft_p50_ms is not None and 150 <= rec.ttft_p50_ms < 200
+    assert rec.tpot_p50_ms is not None and 10 <= rec.tpot_p50_ms < 14
+    assert rec.itl_p50_ms is not None and 10 <= rec.itl_p50_ms < 14
     assert rec.e2e_p50_ms is not None and rec.e2e_p50_ms >= 150 + 19 * 10
 
 
@@ -70,7 +73,7 @@ def test_a_chunk_of_several_tokens_splits_its_gap_over_them() -> None:
     assert out.success and out.output_len == 12 and len(out.itl) == 8  # two chunks after the first, 4 each
     # each chunk's gap (0.04 s) split evenly over its 4 tokens
     assert len(set(out.itl[:4])) == 1 and len(set(out.itl[4:])) == 1
-    assert 4 * (out.itl[0] + out.itl[4]) == pytest.approx(0.08, abs=0.006)
+    assert 0.078 <= 4 * (out.itl[0] + out.itl[4]) < 0.12  # two gaps of 0.04 s, and the machine's own delays
 
 
 def test_metrics_are_calculate_metrics_definitions() -> None:
@@ -102,6 +105,7 @@ def test_a_500_a_stream_error_and_a_dead_server_are_errors_not_crashes() -> None
     assert errors[3] == "the stream ended without a token" and errors[5].startswith("JSONDecodeError")
     rec = run.record()
     assert rec.completed == 2 and rec.error_count == 4 and rec.output_tokens == 20
+    assert rec.arrival_rate is None, "all sent at once: no arrival rate to speak of"
     t0 = time.perf_counter()
     dead = run_rate("http://127.0.0.1:1", ["ok", "ok"], math.inf, SAMPLING).record()
     assert dead.completed == 0 and all("ConnectionRefused" in e or "Connect" in e for e in dead.errors)
