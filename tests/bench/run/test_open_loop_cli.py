@@ -39,8 +39,8 @@ def test_rates_alone_run_no_levels_and_with_concurrency_both() -> None:
 
 @pytest.mark.parametrize("text", ["2,x", "0", "-1", "2,,4", "nan"])
 def test_a_bad_rate_is_refused_naming_the_flag(text: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as e:
-        cli.main(["--request-rates", text])
+    with pytest.raises(SystemExit) as e:  # parsed only: a broken check must not start a sweep
+        cli.parser().parse_args(cli.with_command(["--request-rates", text]))
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--request-rates" in err and "e.g. --request-rates 2,4,8,16,32" in err
 
@@ -64,7 +64,7 @@ def test_options_that_do_not_go_together_are_usage_errors(
         settings(*argv)
     assert cli.main(argv) == 2 and f"bench: usage: {message}" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        cli.main(["--request-rates", "2", "--rate-duration", "0"])
+        cli.parser().parse_args(["run", "--request-rates", "2", "--rate-duration", "0"])
 
 
 def test_open_loop_against_fake_server(tmp_path: Path) -> None:
