@@ -29,11 +29,11 @@ from bench.results import profile, report
 from bench.results.analysis import hysteresis
 from bench.results.logparse import captured_graph_sets, parse_log, parse_metrics, parse_threshold
 from bench.results.open_records import rate_label
+from bench.results.profile_records import ProfileRecord
 from bench.results.records import (
     Analysis,
     ConfigRecord,
     LevelRecord,
-    ProfileRecord,
     RunResults,
     SwitchCounters,
     read_results,

@@ -20,12 +20,12 @@ from bench_helpers import DATA  # noqa: E402
 from bench import cli  # noqa: E402
 from bench.results import report  # noqa: E402
 from bench.results.profile import ProfileSummary, ProfileWindow  # noqa: E402
+from bench.results.profile_records import ProfileRecord  # noqa: E402
 from bench.results.records import (  # noqa: E402
     ANALYSIS_KEYS,
     Analysis,
     ConfigRecord,
     LevelRecord,
-    ProfileRecord,
     ResultsError,
     RunResults,
     read_results,
