@@ -195,3 +195,17 @@ class TwoRankAllGather:
         self.barrier.wait()
         output.copy_(torch.cat(self.slots))
         self.barrier.wait()
+
+
+def scheduler_idle_batch(pools):
+    """Scheduler.get_idle_batch, SGLang's own, on a rank's pools: what the MLP sync pads an idle
+    DP rank with."""
+    from sglang.srt.managers.scheduler_dp_attn_mixin import SchedulerDPAttnMixin
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    scheduler = types.SimpleNamespace(
+        req_to_token_pool=pools.req_to_token_pool, token_to_kv_pool_allocator=pools.allocator,
+        tree_cache=pools.tree_cache, model_config=pools.model_config, enable_overlap=False,
+        spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+    )  # fmt: skip
+    return SchedulerDPAttnMixin.get_idle_batch(scheduler)

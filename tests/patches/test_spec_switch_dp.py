@@ -17,7 +17,7 @@ import types
 
 import pytest
 import torch
-from switch_sim import TwoRankAllGather
+from switch_sim import TwoRankAllGather, scheduler_idle_batch
 
 from sglang_cpu import (
     HIDDEN,
@@ -82,7 +82,7 @@ class Rank:
         self.events: list = []
         self.max_new_tokens = 64
         self.last_reqs: list = []  # the requests of the rank's latest batch
-        self.idle_batch = functools.partial(_scheduler_get_idle_batch, pools)
+        self.idle_batch = functools.partial(scheduler_idle_batch, pools)
         self.worker = self._worker(SpeculativeAlgorithm.EAGLE3)
 
     def new_batch(self, n: int):
@@ -150,19 +150,6 @@ class Rank:
     def _draft(self, batch):
         self.events.append(("speculate", batch.forward_mode.name))
         raise Speculated
-
-
-def _scheduler_get_idle_batch(pools):
-    """Scheduler.get_idle_batch, SGLang's own, on this rank's pools."""
-    from sglang.srt.managers.scheduler_dp_attn_mixin import SchedulerDPAttnMixin
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    scheduler = types.SimpleNamespace(
-        req_to_token_pool=pools.req_to_token_pool, token_to_kv_pool_allocator=pools.allocator,
-        tree_cache=pools.tree_cache, model_config=pools.model_config, enable_overlap=False,
-        spec_algorithm=SpeculativeAlgorithm.EAGLE3,
-    )  # fmt: skip
-    return SchedulerDPAttnMixin.get_idle_batch(scheduler)
 
 
 def _forward_event(name, forward_batch):

@@ -22,7 +22,7 @@ import types
 
 import torch
 from sglang.srt.managers.utils import GenerationBatchResult
-from switch_sim import CAP, SimulatedGpu, TwoRankAllGather, nothing_waiting
+from switch_sim import CAP, SimulatedGpu, TwoRankAllGather, nothing_waiting, scheduler_idle_batch
 
 from sglang_cpu import (
     init_single_rank_groups,
@@ -166,7 +166,7 @@ def _gathered(ranks, steps, gather):
         out[rank.rank] = prepare_mlp_sync_batch_raw(
             rank.local_batch(steps[rank.rank]), dp_size=2, attn_tp_size=1, attn_cp_size=1,
             tp_group=types.SimpleNamespace(device_group=None, cpu_group=None, device="cpu"),
-            get_idle_batch=lambda: _idle_batch(rank.pools), disable_cuda_graph=False, require_mlp_tp_gather=True,
+            get_idle_batch=lambda: scheduler_idle_batch(rank.pools), disable_cuda_graph=False, require_mlp_tp_gather=True,
             disable_overlap_schedule=True, offload_tags=set(),
         )  # fmt: skip
 
@@ -176,19 +176,6 @@ def _gathered(ranks, steps, gather):
     for thread in threads:
         thread.join()
     return out
-
-
-def _idle_batch(pools):
-    """Scheduler.get_idle_batch, SGLang's own, on this rank's pools."""
-    from sglang.srt.managers.scheduler_dp_attn_mixin import SchedulerDPAttnMixin
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    scheduler = types.SimpleNamespace(
-        req_to_token_pool=pools.req_to_token_pool, token_to_kv_pool_allocator=pools.allocator,
-        tree_cache=pools.tree_cache, model_config=pools.model_config, enable_overlap=False,
-        spec_algorithm=SpeculativeAlgorithm.EAGLE3,
-    )  # fmt: skip
-    return SchedulerDPAttnMixin.get_idle_batch(scheduler)
 
 
 def _load(seed: int, phases: int):
