@@ -87,8 +87,14 @@ def at_accept_len(iv: Interval, accept_len: float | None) -> float | None:
 def decode_rates_by_batch_size(text: str, rank: int = 0) -> dict[int, DecodeRates]:
     """Per batch size with a steady interval: the steady intervals' rates at the acceptance of every
     decode line at that batch size (the level's ramp-up and tail included, whose steps the
-    traffic also ran). A profile's wave after the levels is left out, as in
-    logparse.decode_throughput_by_batch_size, whose steady intervals these are."""
+    traffic also ran).
+
+    SGLang writes one decode line every few steps with the tokens per second since the previous
+    line. Only intervals of decode steps at one batch size count (no prefill, no change of size):
+    at bs = C they give the decode-step rate of a level of concurrency C without the client, the
+    HTTP stack and the level's ramp-up and tail, which dominate the wall time of short levels on
+    small models. A profile's wave after the levels is left out.
+    """
     rl = parse_log(before_profile(text)).get(rank)
     by_bs: dict[int, list[Interval]] = {}
     for iv in intervals(rl.decode if rl else []):

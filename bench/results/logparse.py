@@ -178,23 +178,6 @@ def before_profile(text: str) -> str:
     return text.split(PROFILING)[0]
 
 
-def decode_throughput_by_batch_size(text: str, rank: int = 0) -> dict[int, list[float]]:
-    """The server's own decode throughput over steady intervals, grouped by batch size.
-
-    SGLang writes one decode line every few steps with the tokens per second since the previous
-    line. Only intervals of decode steps at one batch size count (no prefill, no change of size):
-    at bs = C they give the decode-step rate of a level of concurrency C without the client, the
-    HTTP stack and the level's ramp-up and tail, which dominate the wall time of short levels on
-    small models. A profile's wave after the levels is left out.
-    """
-    rl = parse_log(before_profile(text)).get(rank)
-    out: dict[int, list[float]] = {}
-    for d in rl.decode if rl else []:
-        if d.steady and d.gen_tok_per_s is not None:
-            out.setdefault(d.batch_size, []).append(d.gen_tok_per_s)
-    return out
-
-
 def _samples(text: str) -> Iterator[Sample]:
     """The samples of a /metrics page, as far as prometheus_client's parser reads it (a page cut
     short ends the samples there)."""

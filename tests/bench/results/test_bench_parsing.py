@@ -15,6 +15,7 @@ from bench_helpers import DATA  # noqa: E402
 from bench import cli  # noqa: E402
 from bench.configs import CONFIGS, parse_configs  # noqa: E402
 from bench.results import logparse  # noqa: E402
+from bench.results.decode_rate import decode_rates_by_batch_size  # noqa: E402
 from bench.results.logparse import Counters, parse_log, parse_metrics, parse_threshold, rank_of  # noqa: E402
 from bench.run import (
     arguments,  # noqa: E402
@@ -219,17 +220,15 @@ def test_waves_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_steady_decode_rates_leave_out_prefill_and_size_changes() -> None:
     """A real excerpt of a no-spec server's log (H200, gpu-bound fixture): C=10 then C=30."""
-    from bench.results.logparse import decode_throughput_by_batch_size
-
     text = (DATA / "nospec-decode.log").read_text()
-    rates = decode_throughput_by_batch_size(text)
+    rates = {bs: list(r.rates) for bs, r in decode_rates_by_batch_size(text).items()}
     # After each pair of prefill lines the interval also holds a prefill (1399.29, 1460.55, ...);
     # the first line has no interval of its own; the first bs=30 line follows bs=10 steps.
     assert rates == {
         10: [2153.70, 2135.33, 2151.27, 2135.45, 2154.11, 2138.01, 2160.45, 2144.82, 2129.37],
         30: [6105.17, 6010.82],
     }
-    assert decode_throughput_by_batch_size(text, rank=1) == {}
+    assert decode_rates_by_batch_size(text, rank=1) == {}
 
 
 def test_report_takes_decode_rates_from_server_logs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -279,8 +278,8 @@ def test_decode_rates_leave_out_a_profiles_wave() -> None:
         assert member is not None
         text = member.read().decode(errors="replace")
     assert logparse.PROFILING in text
-    level_only = logparse.decode_throughput_by_batch_size(text)[70]
-    with_profile = logparse.decode_throughput_by_batch_size(text.replace(logparse.PROFILING, "Profiling"))[70]
+    level_only = decode_rates_by_batch_size(text)[70].rates
+    with_profile = decode_rates_by_batch_size(text.replace(logparse.PROFILING, "Profiling"))[70].rates
     assert len(with_profile) == 15 and len(level_only) == 10
 
 

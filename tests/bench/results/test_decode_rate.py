@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from bench_helpers import DATA  # noqa: E402
 
 from bench.results import report  # noqa: E402
-from bench.results.logparse import decode_throughput_by_batch_size  # noqa: E402
+from bench.results.logparse import parse_log  # noqa: E402
 from bench.results.records import ConfigRecord, LevelRecord, ResultsError  # noqa: E402
 
 PREFILL = (
@@ -44,6 +44,15 @@ def _spec_log() -> str:
     return text
 
 
+def _steady_rates(text: str, batch_size: int) -> list[float]:
+    """What the report took before: the steady intervals' own rates at one batch size."""
+    return [
+        d.gen_tok_per_s
+        for d in parse_log(text)[0].decode
+        if d.steady and d.batch_size == batch_size and d.gen_tok_per_s
+    ]
+
+
 def _level(config: ConfigRecord) -> LevelRecord:
     return config.levels[0]
 
@@ -54,7 +63,7 @@ def _config() -> ConfigRecord:
 
 def test_the_steady_intervals_alone_overstate_a_speculative_level() -> None:
     text = _spec_log()
-    steady = decode_throughput_by_batch_size(text)[8]
+    steady = _steady_rates(text, 8)
     assert statistics.median(steady) == 3.0 * STEP_RATE  # the rate at the steady intervals' acceptance
     level = _level(report.with_decode_rates(_config(), text))
     accept_len = (3 * 3.0 + 9 * 2.5) / 12  # every line at bs = 8, each 10 speculative steps
@@ -65,7 +74,7 @@ def test_the_steady_intervals_alone_overstate_a_speculative_level() -> None:
 def test_a_plain_servers_rates_are_the_steady_median() -> None:
     text = (DATA / "nospec-decode.log").read_text()
     level = _level(report.with_decode_rates(_config(), text.replace("running-req: 10,", "running-req: 8,")))
-    steady = decode_throughput_by_batch_size(text)[10]
+    steady = _steady_rates(text, 10)
     assert (level.decode_tok_per_s, level.decode_lines) == (round(statistics.median(steady), 1), len(steady))
     assert level.decode_accept_len is None
 
