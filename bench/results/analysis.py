@@ -9,7 +9,7 @@ runs for batches of at most N requests. Hysteresis: speculation comes back on at
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence, TypeVar
 
 from bench.results.recommendation import Recommendation
 
@@ -94,11 +94,20 @@ def recommend(nospec: Mapping[int, float], spec: Mapping[int, float]) -> Recomme
     return Recommendation("crossover", cross, disable, enable, switch_flags(disable, enable), msg, ratios, notes)
 
 
-def best_of_ratios(switch: Mapping[int, float], *refs: Mapping[int, float]) -> dict[int, float]:
-    """switch / max(refs) per level present in the switch sweep and at least one reference."""
-    out: dict[int, float] = {}
+# Where a ratio is taken: a closed-loop level (int) or an open-loop request rate (float).
+Point = TypeVar("Point", int, float)
+
+
+def best_of_ratios(
+    switch: Mapping[Point, float], *refs: Mapping[Point, float], lower_is_better: bool = False
+) -> dict[Point, float]:
+    """switch / the best of refs per point (a level, a request rate) present in the switch's
+    figures and at least one reference's: their highest, or their lowest where lower is better."""
+    pick = min if lower_is_better else max
+    out: dict[Point, float] = {}
     for c, v in switch.items():
-        best = max((r[c] for r in refs if c in r), default=0.0)
+        present = [r[c] for r in refs if c in r]
+        best = pick(present) if present else 0.0
         if best > 0:
             out[c] = v / best
     return dict(sorted(out.items()))

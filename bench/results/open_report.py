@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from bench.configs import declared_references
+from bench.results.analysis import best_of_ratios
 from bench.results.open_records import OpenRateRecord, rate_label
 from bench.results.records import ConfigRecord, RunResults
 
@@ -41,11 +42,7 @@ def ratios(run: RunResults, metric: Metric, lower_is_better: bool = False) -> di
     out: dict[str, dict[float, float]] = {}
     for name, c in run.configs.items():
         refs = [by[r] for r in declared_references(name, c.compare_to) if by.get(r)]
-        rs = {}
-        for rate, v in by[name].items():
-            present = [ref[rate] for ref in refs if rate in ref]
-            if present:
-                rs[rate] = v / (min(present) if lower_is_better else max(present))
+        rs = best_of_ratios(by[name], *refs, lower_is_better=lower_is_better)
         if rs:
             out[name] = rs
     return out

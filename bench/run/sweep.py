@@ -145,7 +145,7 @@ def run_config(cfg: Config, settings: RunSettings, target: RunTarget, results: R
         if settings.freeze_gc:
             client.freeze_gc(srv.url)
             logger.info(f"[{cfg.name}] garbage collector frozen (/freeze_gc)")
-        entry = _run_levels(cfg.name, srv.url, settings, target, results)
+        _run_levels(cfg.name, srv.url, settings, target, results)
         entry = _run_rates(cfg.name, srv.url, settings, target, results)
         for c in settings.profile_at:
             profiled = _profile(cfg.name, srv.url, c, settings, target, log)
