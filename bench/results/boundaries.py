@@ -25,12 +25,14 @@ import statistics
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench.errors import BenchUsageError
 from bench.results.logparse import before_profile, parse_log
 from bench.results.records import read_results
 
 FLUSHED = "Cache flushed successfully"
+SGLANG_DECODE_LOG_INTERVAL = 40
 _PREFILL = re.compile(r"Prefill batch\b.*?#new-token:\s*(?P<new>\d+),\s*#cached-token:\s*(?P<cached>\d+)")
 
 
@@ -133,7 +135,24 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         default=None,
         help="the servers' logs (<config>.log), a folder or the .tgz the device sent back; default RUN/logs",
     )
-    ap.add_argument("--decode-log-interval", type=int, default=40, help="the servers' (default %(default)s)")
+    ap.add_argument(
+        "--decode-log-interval",
+        type=int,
+        default=None,
+        help=f"the servers' (default: as the run's extra flags set it, else SGLang's {SGLANG_DECODE_LOG_INTERVAL})",
+    )
+
+
+def logged_interval(meta: dict[str, Any]) -> int:
+    """The decode steps per log line the run's servers used: its --extra-flags' or SGLang's default."""
+    flags = str(meta.get("extra_flags") or "").split()
+    for flag, value in zip(flags, flags[1:]):
+        if flag == "--decode-log-interval" and value.isdigit():
+            return int(value)
+    for flag in flags:
+        if flag.startswith("--decode-log-interval=") and flag.split("=", 1)[1].isdigit():
+            return int(flag.split("=", 1)[1])
+    return SGLANG_DECODE_LOG_INTERVAL
 
 
 def command(args: argparse.Namespace) -> int:
@@ -143,14 +162,15 @@ def command(args: argparse.Namespace) -> int:
     if not path.is_file():
         raise BenchUsageError(f"boundaries: no results at {path}")
     run, _ = read_results(path)
+    steps_per_line = args.decode_log_interval or logged_interval(run.meta)
     out: list[str] = []
     for name, config in run.configs.items():
         levels = [lv.concurrency for lv in config.levels]
         parts = level_parts(read_log(logs, name), len(levels))
         logs_by_level = [
-            level_log(p, c, args.decode_log_interval, first=i == 0)
+            level_log(p, c, steps_per_line, first=i == 0)
             for i, (p, c) in enumerate(zip(parts, levels, strict=True))
         ]
-        out += markdown(name, logs_by_level, args.decode_log_interval)
+        out += markdown(name, logs_by_level, steps_per_line)
     print("\n".join(out))
     return 0

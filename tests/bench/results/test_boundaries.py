@@ -93,3 +93,16 @@ def test_a_run_cut_inside_a_level_keeps_its_recorded_levels(sweep: Path) -> None
     parts = text.split(boundaries.FLUSHED)
     cut = boundaries.FLUSHED.join(parts[:6]) + boundaries.FLUSHED + parts[6][:2000]
     assert boundaries.level_parts(cut, 5) == boundaries.level_parts(text, 8)[:5]
+
+
+def test_the_steps_per_line_come_from_the_runs_extra_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    """A run made with --extra-flags "--decode-log-interval 10" is read at 10 steps a line unless told."""
+    run = SWEEP.parent / "auto-threshold-wave-tails"
+    assert boundaries.logged_interval({"extra_flags": "--decode-log-interval 10"}) == 10
+    assert boundaries.logged_interval({"extra_flags": "--decode-log-interval=12 --x"}) == 12
+    assert boundaries.logged_interval({}) == boundaries.SGLANG_DECODE_LOG_INTERVAL
+    assert main(["boundaries", str(run), "--logs", str(run / "bench-logs.tgz")]) == 0
+    out = capsys.readouterr().out
+    assert "steady 10-step intervals" in out and "| 30 | 73, 0.0505 |" in out
+    assert main(["boundaries", str(run), "--logs", str(run / "bench-logs.tgz"), "--decode-log-interval", "40"]) == 0
+    assert "| 30 | 73, 0.2022 |" in capsys.readouterr().out
