@@ -7,6 +7,7 @@
 #                                                     # $OUT/bench-<i>/results.json; log, results.md, server logs, plot in $OUT/logs-<i>.tgz
 #   bash ci/gpu/run-on-device.sh bench-seq "ARGS0" "ARGS1" ...
 #                                                     # the same sweeps one after another on one GPU (same files)
+#   bash ci/gpu/run-on-device.sh fixtures PRESET...    # only make the benchmark's fixtures (python -m bench fixtures --preset)
 #   bash ci/gpu/run-on-device.sh env                   # only set up and report the environment
 # Needs the offline bundle built here first, from the current series (refused otherwise):
 #   make bundle          (ci/gpu/make-bundle.sh; + optional ci/gpu/build-extra.sh)
@@ -67,6 +68,15 @@ time_left() { echo $(( ${DEVICE_TIMEOUT:-560} - ($(date +%s) - t0) )); }  # seco
 budget=$(time_left)
 case "$mode" in
   env) exit 0 ;;
+  fixtures)
+    # The trained sets take about three minutes to make: made in a call of their own, they are there
+    # for the next calls while the machine stays warm (build/ is kept between calls).
+    [ $# -gt 0 ] || { log "fixtures: name the presets to make (trained-gpu-bound, kimi-exact, ...)"; exit 2; }
+    rc=0
+    for preset in "$@"; do
+      timeout --signal=INT --kill-after=30 "$(time_left)" python3 -m bench fixtures --preset "$preset" \
+        || { rc=$?; log "$preset fixtures failed"; break; }
+    done ;;
   test)
     timeout --signal=INT --kill-after=30 "$budget" python3 -m pytest tests/gpu -m gpu -rs -v -p no:cacheprovider \
       --junitxml="$OUT/junit.xml" "$@" 2>&1 | tee "$OUT/pytest.log"
@@ -121,7 +131,7 @@ case "$mode" in
       tar czf "$OUT/logs-$i.tgz" -C "$OUT" $packed \
         && rm -rf "$OUT/bench-$i.log" "$OUT/bench-$i/logs" "$OUT/bench-$i/results.md" "$OUT/bench-$i/results.csv" "$OUT/bench-$i"/*.png
     done ;;
-  *) log "unknown mode $mode (test | bench | bench-per-gpu | bench-seq | env)"; exit 2 ;;
+  *) log "unknown mode $mode (test | bench | bench-per-gpu | bench-seq | fixtures | env)"; exit 2 ;;
 esac
 log "exit $rc after $(( $(date +%s) - t0 ))s (124: interrupted at DEVICE_TIMEOUT)"
 exit "$rc"
