@@ -20,6 +20,7 @@ profiler, which leaves the start of a full-batch profile's wave in the last leve
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 import statistics
 import tarfile
@@ -146,7 +147,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def logged_interval(meta: dict[str, Any]) -> int:
     """The decode steps per log line the run's servers used: its --extra-flags' or SGLang's default."""
     flags = str(meta.get("extra_flags") or "").split()
-    for flag, value in zip(flags, flags[1:]):
+    for flag, value in itertools.pairwise(flags):
         if flag == "--decode-log-interval" and value.isdigit():
             return int(value)
     for flag in flags:
@@ -168,8 +169,7 @@ def command(args: argparse.Namespace) -> int:
         levels = [lv.concurrency for lv in config.levels]
         parts = level_parts(read_log(logs, name), len(levels))
         logs_by_level = [
-            level_log(p, c, steps_per_line, first=i == 0)
-            for i, (p, c) in enumerate(zip(parts, levels, strict=True))
+            level_log(p, c, steps_per_line, first=i == 0) for i, (p, c) in enumerate(zip(parts, levels, strict=True))
         ]
         out += markdown(name, logs_by_level, steps_per_line)
     print("\n".join(out))
