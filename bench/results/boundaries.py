@@ -7,9 +7,11 @@ intervals that follow a prefill at that batch (which hold the wave boundaries), 
 at smaller batches (a wave that filled slowly), the prefill batches with their new and cached
 tokens, and the switch's turns. It is the decomposition docs/measurements.md did by hand for the
 levels that missed. SGLang logs a decode line every `--decode-log-interval` steps (40 by default),
-so an interval's seconds are steps x C / its `gen throughput`; for an interval that holds a wave
-boundary this overstates the time, as some of its steps ran at a smaller batch, alike on every
-server of the run.
+and its `gen throughput` counts the tokens the interval's steps gave (accept len per request on a
+speculative step, one on a plain one), so an interval's seconds are steps x C x tokens per request
+and step / its `gen throughput`; for an interval that holds a wave boundary this overstates the
+time, as some of its steps ran at a smaller batch, alike on every server of the run. (Until
+2026-12-04 the speculative steps' accept len was left out, which understated their intervals by it.)
 
 The bench flushes the server's cache before each level, and the server logs each flush: the log
 between two flushes is one level (the warm-up before the first is dropped, and so is the first
@@ -24,12 +26,13 @@ import itertools
 import re
 import statistics
 import tarfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.errors import BenchUsageError
-from bench.results.logparse import before_profile, parse_log
+from bench.results.logparse import Counters, DecodeLine, before_profile, parse_log
 from bench.results.records import read_results
 
 FLUSHED = "Cache flushed successfully"
@@ -70,8 +73,8 @@ def level_log(part: str, concurrency: int, steps_per_line: int, first: bool = Fa
     decode = rank0.decode[1 if first else 0 :] if rank0 else []
     # (seconds of the interval, whether it held decode steps only) of each line at bs = C
     at_c = [
-        (steps_per_line * concurrency / d.gen_tok_per_s, d.steady)
-        for d in decode
+        (steps_per_line * concurrency * tokens / d.gen_tok_per_s, d.steady)
+        for d, tokens in zip(decode, tokens_per_request_step(decode), strict=True)
         if d.batch_size == concurrency and d.gen_tok_per_s
     ]
     prefills = [m for m in map(_PREFILL.search, part.splitlines()) if m]
@@ -85,6 +88,25 @@ def level_log(part: str, concurrency: int, steps_per_line: int, first: bool = Fa
         cached_tokens=sum(int(m.group("cached")) for m in prefills),
         turns=tuple(rank0.events) if rank0 else (),
     )
+
+
+def tokens_per_request_step(lines: Sequence[DecodeLine]) -> list[float]:
+    """Each line's tokens per request and step, over the steps since the line before: its accept len
+    on a speculative server, weighted with the plain steps between by the switch's counters (whose
+    accept len covers its speculative steps only); one where the line prints no accept len."""
+    out = []
+    previous: Counters | None = None
+    for d in lines:
+        tokens = 1.0 if d.accept_len is None else d.accept_len
+        if d.accept_len is not None and d.counters is not None and previous is not None:
+            spec = d.counters.spec_steps - previous.spec_steps
+            plain = d.counters.fallback_steps - previous.fallback_steps
+            if spec > 0 and plain >= 0:
+                tokens = (spec * d.accept_len + plain) / (spec + plain)
+        if d.counters is not None:
+            previous = d.counters
+        out.append(tokens)
+    return out
 
 
 def markdown(config: str, levels: list[LevelLog], steps_per_line: int) -> list[str]:

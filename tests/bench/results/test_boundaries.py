@@ -106,3 +106,27 @@ def test_the_steps_per_line_come_from_the_runs_extra_flags(capsys: pytest.Captur
     assert "steady 10-step intervals" in out and "| 30 | 73, 0.0505 |" in out
     assert main(["boundaries", str(run), "--logs", str(run / "bench-logs.tgz"), "--decode-log-interval", "40"]) == 0
     assert "| 30 | 73, 0.2022 |" in capsys.readouterr().out
+
+
+def _decode_line(spec: int, plain: int, accept_len: float | None) -> str:
+    accepted = f"accept len: {accept_len:.2f}, " if accept_len is not None else ""
+    return (
+        f"[2026-12-04 20:01:11] Decode batch, #running-req: 30, #token: 4483, token usage: 0.01, {accepted}"
+        f"spec-switch: on=True spec_steps={spec} fallback_steps={plain} switches=1 threshold=30/22 probe_steps=0, "
+        "cuda graph: True, gen throughput (token/s): 7500.00, #queue-req: 0"
+    )
+
+
+def test_a_speculative_interval_counts_the_tokens_its_steps_accepted(capsys: pytest.CaptureFixture[str]) -> None:
+    """SGLang's gen throughput counts accepted tokens: a speculative interval of C requests lasted
+    steps x C x accept len / throughput, and a switch's interval mixes in its plain steps."""
+    text = "\n".join([_decode_line(10, 0, 2.5), _decode_line(15, 5, 3.0), _decode_line(15, 15, None)])
+    lines = logparse.parse_log(text)[0].decode
+    assert boundaries.tokens_per_request_step(lines) == [2.5, (5 * 3.0 + 5) / 10, 1.0]
+    level = boundaries.level_log(text, 30, 10)
+    assert level.steady_s == pytest.approx((10 * 30 * 2.0 / 7500, 10 * 30 / 7500))
+    # The wave-tails run's spec-v2 at C=30: 7 steady intervals, at its steps' 7248 tok/s x 30 / A 2.72.
+    run = SWEEP.parent / "auto-threshold-wave-tails"
+    assert main(["boundaries", str(run), "--logs", str(run / "bench-logs.tgz")]) == 0
+    spec_v2 = capsys.readouterr().out.split("`spec-v2`:")[1].split("`switch-v2-auto`:")[0]
+    assert "| 30 | 7, 0.1127 |" in spec_v2
