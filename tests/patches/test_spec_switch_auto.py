@@ -316,6 +316,24 @@ def test_a_batch_size_new_after_several_levels_is_measured_at_once(rank):
     assert rank.kinds[-20:].count("speculate") >= 19
 
 
+def test_a_new_batch_size_speculates_as_soon_as_its_first_visit_is_measured(rank):
+    """On the H200 C=30 began at the threshold C=10 left: after the first visit's burst the
+    threshold waited for the next estimate, every 16 measured steps, and 20 plain steps ran
+    before it moved to 30 (two of the level's nine steady intervals, the median's low end). A
+    bucket newly measured in a mode is estimated at once: after the burst, the plain steps that
+    measure the other side (the first after a change of kind does not count) and no more."""
+    from sglang.srt.speculative.spec_switch_auto import MIN_SAMPLES
+
+    gpu = SimulatedGpu(accept_length=2.8)
+    serve([rank], [step for c in (1, 2, 5, 10) for step in _bench_level(c)], gpu)
+    assert rank.switch.disable_batch_size < 30 < gpu.crossover()
+    first = len(rank.kinds)
+    serve([rank], [(30, 40)], gpu)
+    at_30 = rank.kinds[first:]
+    assert at_30[:8].count("speculate") >= 7  # the first visit's burst
+    assert at_30.count("plain") <= MIN_SAMPLES + 2, at_30  # 15 when it waited for the estimate
+
+
 def test_the_threshold_holds_while_step_costs_drift_with_the_waves(rank):
     """On the H200 at C=48 the plain steps' median cost followed each wave's context lengths
     (8724-9364 tok/s), and the threshold interpolated between the buckets at 28 and 48 went
