@@ -182,6 +182,16 @@ def _add_sweep_args(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 512 (--quick 128)")
     ap.add_argument(
+        "--output-len-spread",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="closed loop: each request's max-new-tokens drawn uniformly from (1 - S) to (1 + S) times "
+        "--max-new-tokens (0 <= S < 1; default 0: all equal, so a plain server's requests finish "
+        "whole waves at one step and are prefilled together, a speculating one's do not); the same "
+        "draws for every config and run",
+    )
+    ap.add_argument(
         "--freeze-gc",
         action="store_true",
         help="after each server's warm-up, freeze its garbage collector (SGLang's /freeze_gc, as for production serving), so that no full collection over the start-up objects pauses a measured level; every config alike",

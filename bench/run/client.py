@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -166,13 +167,22 @@ def run_level(
     timeout: float = 600.0,
     on_done: Callable[[int, int], None] | None = None,
     extra_by_prompt: dict[str, dict[str, Any]] | None = None,
+    max_new_tokens: Sequence[int] | None = None,
 ) -> LevelRun:
     """Send every prompt, at most `concurrency` in flight (closed loop: a request is sent as one
     finishes, in the prompts' order); time the whole level.
 
-    extra_by_prompt: request fields for some prompts only, over `extra`."""
+    extra_by_prompt: request fields for some prompts only, over `extra`; max_new_tokens: each
+    prompt's, over the sampling's."""
+    if max_new_tokens is not None and len(max_new_tokens) != len(prompts):
+        raise ValueError(f"{len(max_new_tokens)} output lengths for {len(prompts)} prompts")
+    samplings = (
+        [sampling] * len(prompts)
+        if max_new_tokens is None
+        else [{**sampling, "max_new_tokens": n} for n in max_new_tokens]
+    )
     return asyncio.run(
-        _run_level(url, prompts, concurrency, sampling, extra or {}, timeout, on_done, extra_by_prompt or {})
+        _run_level(url, prompts, concurrency, samplings, extra or {}, timeout, on_done, extra_by_prompt or {})
     )
 
 
@@ -180,7 +190,7 @@ async def _run_level(
     url: str,
     prompts: list[str],
     concurrency: int,
-    sampling: dict[str, Any],
+    samplings: Sequence[dict[str, Any]],
     extra: dict[str, Any],
     timeout: float,
     on_done: Callable[[int, int], None] | None,
@@ -196,7 +206,7 @@ async def _run_level(
         for i in pending:  # one shared iterator: each sender takes the next prompt when it is free
             started = time.perf_counter() - t0
             fields = {**extra, **by_prompt.get(prompts[i], {})}
-            res = await _generate_async(session, url, prompts[i], sampling, timeout, fields)
+            res = await _generate_async(session, url, prompts[i], samplings[i], timeout, fields)
             res.started = started
             results[i] = res
             done += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ class RunSettings:
     rate_requests: int = DEFAULT_RATE_REQUESTS  # per rate, unless rate_duration
     rate_duration: float | None = None  # seconds of arrivals per rate instead
     seed: int = 1
+    output_len_spread: float = 0.0  # closed loop: max_new_tokens spread (output_lengths)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RunSettings:
@@ -68,7 +70,21 @@ class RunSettings:
             rate_requests=args.num_requests or DEFAULT_RATE_REQUESTS,
             rate_duration=args.rate_duration,
             seed=1 if args.seed is None else args.seed,
+            output_len_spread=_output_len_spread(args.output_len_spread),
         )
+
+    def output_lengths(self, concurrency: int, requests: int) -> list[int] | None:
+        """Each request's max_new_tokens at a level (None: all --max-new-tokens): uniform over
+        (1 -/+ spread) x max_new_tokens, drawn from a seed of the level's, so that every config of
+        a run, and every run, sends the same lengths."""
+        if not self.output_len_spread:
+            return None
+        rng = random.Random(f"output-lengths:{concurrency}:{requests}")
+        low, high = (
+            (1 - self.output_len_spread) * self.max_new_tokens,
+            (1 + self.output_len_spread) * self.max_new_tokens,
+        )
+        return [max(1, round(rng.uniform(low, high))) for _ in range(requests)]
 
     def requests_for_rate(self, rate: float) -> int:
         if self.rate_duration is None:
@@ -87,6 +103,12 @@ class RunSettings:
     @property
     def sampling(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "max_new_tokens": self.max_new_tokens, "ignore_eos": self.ignore_eos}
+
+
+def _output_len_spread(spread: float) -> float:
+    if not 0 <= spread < 1:
+        raise BenchUsageError(f"--output-len-spread must be at least 0 and below 1, got {spread:g}")
+    return spread
 
 
 def _open_loop_args(args: argparse.Namespace) -> list[float]:

@@ -175,7 +175,14 @@ def _run_level(name: str, url: str, c: int, settings: RunSettings, target: RunTa
     client.flush_cache(url)
     before = parse_metrics(client.get_metrics(url))
     with tqdm(total=n, desc=f"[{name}] C={c}", disable=not sys.stderr.isatty(), leave=False) as bar:
-        lr = client.run_level(url, batch, c, settings.sampling, on_done=lambda done, _: bar.update(done - bar.n))
+        lr = client.run_level(
+            url,
+            batch,
+            c,
+            settings.sampling,
+            on_done=lambda done, _: bar.update(done - bar.n),
+            max_new_tokens=settings.output_lengths(c, n),
+        )
     metrics = client.get_metrics(url)
     after, threshold = parse_metrics(metrics), parse_threshold(metrics)
     counters = None
@@ -272,6 +279,7 @@ def _meta(args: argparse.Namespace, settings: RunSettings, target: RunTarget, im
         "waves": settings.waves,
         **_open_meta(settings),
         "max_new_tokens": settings.max_new_tokens,
+        **({"output_len_spread": settings.output_len_spread} if settings.output_len_spread else {}),
         "temperature": settings.temperature,
         "prompts": target.prompts_file,
         "sglang": imported,
