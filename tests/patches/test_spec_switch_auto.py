@@ -334,6 +334,28 @@ def test_a_new_batch_size_speculates_as_soon_as_its_first_visit_is_measured(rank
     assert at_30.count("plain") <= MIN_SAMPLES + 2, at_30  # 15 when it waited for the estimate
 
 
+def test_a_sweep_of_closed_loop_levels_keeps_what_clearly_pays(rank):
+    """The benchmark's sweep as the H200 served it: levels of three waves, each wave's tail the
+    requests that accept least. Speculation gains 11% at C=30 and about nothing at 48 (the
+    crossover is 50), and loses 4% at 60: after C=48's tails the threshold must still speculate
+    at 30 (the one acceptance for all batch sizes left 25 there), and C=60 must decode plain."""
+    from sglang.srt.speculative.spec_switch_auto import PROBE_STEPS
+
+    full = SimulatedGpu(accept_length=2.7, spec=(7e-3, 2.11e-4))
+    tail = SimulatedGpu(accept_length=2.2, spec=(7e-3, 2.11e-4))
+    assert 48 < full.crossover() < 52 and tail.crossover() < 20
+    ends = {}
+    for c in (1, 2, 5, 10, 30, 48, 60):
+        for _ in range(3):
+            serve([rank], [(c, 85)], full)
+            sizes = sorted({max(1, c * k // 8) for k in range(1, 8)}, reverse=True)
+            serve([rank], [(size, 3) for size in sizes], tail)
+        ends[c] = rank.switch.disable_batch_size
+    assert ends[30] >= 30 and ends[48] >= 30 and 30 <= ends[60] < 60, ends
+    last_full_batch = rank.kinds[-(85 + 3 * 7) : -3 * 7]
+    assert last_full_batch.count("speculate") <= PROBE_STEPS  # a probe burst at most
+
+
 def test_the_threshold_holds_while_step_costs_drift_with_the_waves(rank):
     """On the H200 at C=48 the plain steps' median cost followed each wave's context lengths
     (8724-9364 tok/s), and the threshold interpolated between the buckets at 28 and 48 went
