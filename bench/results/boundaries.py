@@ -26,13 +26,13 @@ import itertools
 import re
 import statistics
 import tarfile
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.errors import BenchUsageError
-from bench.results.logparse import Counters, DecodeLine, before_profile, parse_log
+from bench.results.decode_rate import intervals
+from bench.results.logparse import before_profile, parse_log
 from bench.results.records import read_results
 
 FLUSHED = "Cache flushed successfully"
@@ -73,9 +73,9 @@ def level_log(part: str, concurrency: int, steps_per_line: int, first: bool = Fa
     decode = rank0.decode[1 if first else 0 :] if rank0 else []
     # (seconds of the interval, whether it held decode steps only) of each line at bs = C
     at_c = [
-        (steps_per_line * concurrency * tokens / d.gen_tok_per_s, d.steady)
-        for d, tokens in zip(decode, tokens_per_request_step(decode), strict=True)
-        if d.batch_size == concurrency and d.gen_tok_per_s
+        (steps_per_line * concurrency * iv.tokens_per_request / iv.tok_per_s, iv.steady)
+        for iv in intervals(decode, from_start=False)
+        if iv.batch_size == concurrency and iv.tok_per_s
     ]
     prefills = [m for m in map(_PREFILL.search, part.splitlines()) if m]
     return LevelLog(
@@ -88,25 +88,6 @@ def level_log(part: str, concurrency: int, steps_per_line: int, first: bool = Fa
         cached_tokens=sum(int(m.group("cached")) for m in prefills),
         turns=tuple(rank0.events) if rank0 else (),
     )
-
-
-def tokens_per_request_step(lines: Sequence[DecodeLine]) -> list[float]:
-    """Each line's tokens per request and step, over the steps since the line before: its accept len
-    on a speculative server, weighted with the plain steps between by the switch's counters (whose
-    accept len covers its speculative steps only); one where the line prints no accept len."""
-    out = []
-    previous: Counters | None = None
-    for d in lines:
-        tokens = 1.0 if d.accept_len is None else d.accept_len
-        if d.accept_len is not None and d.counters is not None and previous is not None:
-            spec = d.counters.spec_steps - previous.spec_steps
-            plain = d.counters.fallback_steps - previous.fallback_steps
-            if spec > 0 and plain >= 0:
-                tokens = (spec * d.accept_len + plain) / (spec + plain)
-        if d.counters is not None:
-            previous = d.counters
-        out.append(tokens)
-    return out
 
 
 def markdown(config: str, levels: list[LevelLog], steps_per_line: int) -> list[str]:

@@ -34,6 +34,16 @@ class Interval:
     spec_steps: int
     plain_steps: int
 
+    @property
+    def tokens_per_request(self) -> float:
+        """Tokens per request and step over the interval: accept len on its speculative steps, one
+        on its plain ones."""
+        if self.accept_len is None:
+            return 1.0
+        if self.spec_steps == 0:
+            return self.accept_len
+        return (self.spec_steps * self.accept_len + self.plain_steps) / (self.spec_steps + self.plain_steps)
+
 
 @dataclass(frozen=True)
 class DecodeRates:
@@ -43,17 +53,21 @@ class DecodeRates:
     accept_len: float | None  # all decode lines' at this batch size; None: none ran a speculative step
 
 
-def intervals(lines: Sequence[DecodeLine]) -> list[Interval]:
-    """One rank's decode lines, in log order, as intervals."""
+def intervals(lines: Sequence[DecodeLine], from_start: bool = True) -> list[Interval]:
+    """One rank's decode lines, in log order, as intervals.
+
+    from_start: the lines begin at the server's start, whence the switch counts; otherwise (a part
+    of a log) the first line with counters has none to count from and is taken as a line without."""
     out = []
-    previous = Counters()  # the switch counts from the server's start
+    previous: Counters | None = Counters() if from_start else None
     for d in lines:
-        if d.counters is not None:
+        if d.counters is not None and previous is not None:
             spec = d.counters.spec_steps - previous.spec_steps
             plain = d.counters.fallback_steps - previous.fallback_steps
-            previous = d.counters
         else:
             spec, plain = (1, 0) if d.accept_len is not None else (0, 1)
+        if d.counters is not None:
+            previous = d.counters
         out.append(Interval(d.batch_size, d.gen_tok_per_s, d.steady, d.accept_len, max(spec, 0), max(plain, 0)))
     return out
 

@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from bench.cli import main  # noqa: E402
-from bench.results import boundaries, logparse  # noqa: E402
+from bench.results import boundaries, decode_rate, logparse  # noqa: E402
 
 SWEEP = Path(__file__).resolve().parents[3] / "docs" / "bench" / "sweep-trained-gpu-bound"
 
@@ -122,7 +122,8 @@ def test_a_speculative_interval_counts_the_tokens_its_steps_accepted(capsys: pyt
     steps x C x accept len / throughput, and a switch's interval mixes in its plain steps."""
     text = "\n".join([_decode_line(10, 0, 2.5), _decode_line(15, 5, 3.0), _decode_line(15, 15, None)])
     lines = logparse.parse_log(text)[0].decode
-    assert boundaries.tokens_per_request_step(lines) == [2.5, (5 * 3.0 + 5) / 10, 1.0]
+    tokens = [iv.tokens_per_request for iv in decode_rate.intervals(lines, from_start=False)]
+    assert tokens == [2.5, (5 * 3.0 + 5) / 10, 1.0]
     level = boundaries.level_log(text, 30, 10)
     assert level.steady_s == pytest.approx((10 * 30 * 2.0 / 7500, 10 * 30 / 7500))
     # The wave-tails run's spec-v2 at C=30: 7 steady intervals, at its steps' 7248 tok/s x 30 / A 2.72.
