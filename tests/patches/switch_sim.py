@@ -21,7 +21,7 @@ import torch
 import zmq
 from sglang.srt.managers.utils import GenerationBatchResult
 
-from sglang_cpu import make_req, prefilled_decode_batch
+from sglang_cpu import init_single_rank_groups, make_req, prefilled_decode_batch, use_torch_kernels
 
 CAP = 64
 
@@ -195,6 +195,20 @@ class TwoRankAllGather:
         self.barrier.wait()
         output.copy_(torch.cat(self.slots))
         self.barrier.wait()
+
+
+def two_dp_ranks(monkeypatch) -> TwoRankAllGather:
+    """Two DP-attention ranks as threads of this process: torch kernels, single-rank groups, the
+    all-gather between them, both ranks active. Each thread sets its `gather.rank.value`."""
+    import sglang.srt.managers.scheduler_dp_attn_mixin as dp_mixin
+
+    use_torch_kernels(monkeypatch)
+    init_single_rank_groups()
+    gather = TwoRankAllGather()
+    monkeypatch.setattr(torch.distributed, "all_gather_into_tensor", gather)
+    active = types.SimpleNamespace(active_ranks_cpu=torch.ones(2, dtype=torch.int32))
+    monkeypatch.setattr(dp_mixin, "get_tp_group", lambda: active)
+    return gather
 
 
 def scheduler_idle_batch(pools):

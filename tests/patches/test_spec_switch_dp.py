@@ -17,18 +17,16 @@ import types
 
 import pytest
 import torch
-from switch_sim import TwoRankAllGather, scheduler_idle_batch
+from switch_sim import scheduler_idle_batch, two_dp_ranks
 
 from sglang_cpu import (
     HIDDEN,
     VOCAB,
-    init_single_rank_groups,
     make_pools,
     make_req,
     make_server_args,
     model_runner_for_forward_batch,
     prefilled_decode_batch,
-    use_torch_kernels,
     write_tiny_llama_config,
 )
 from switch_helpers import forward_batch, handled_switch_args, verify_graph_runner
@@ -158,18 +156,11 @@ def _forward_event(name, forward_batch):
 
 
 def _run_ramp(tmp_path, monkeypatch, require_mlp_tp_gather):
-    import sglang.srt.managers.scheduler_dp_attn_mixin as dp_mixin
-
     server_args = make_server_args(
         write_tiny_llama_config(tmp_path / "m"), enable_dp_attention=True, dp_size=2, tp_size=2,
         speculative_disable_batch_size=DISABLE, speculative_enable_batch_size=ENABLE,
     )  # fmt: skip
-    use_torch_kernels(monkeypatch)
-    init_single_rank_groups()
-    gather = TwoRankAllGather()
-    monkeypatch.setattr(torch.distributed, "all_gather_into_tensor", gather)
-    active = types.SimpleNamespace(active_ranks_cpu=torch.ones(2, dtype=torch.int32))
-    monkeypatch.setattr(dp_mixin, "get_tp_group", lambda: active)
+    gather = two_dp_ranks(monkeypatch)
     ranks = [Rank(make_pools(server_args), server_args, rank) for rank in (0, 1)]
     for sizes in SIZES:
         for rank, batch in zip(ranks, _gathered_batches(ranks, sizes, gather, require_mlp_tp_gather), strict=True):

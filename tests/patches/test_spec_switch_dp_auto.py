@@ -22,16 +22,14 @@ import types
 
 import torch
 from sglang.srt.managers.utils import GenerationBatchResult
-from switch_sim import CAP, SimulatedGpu, TwoRankAllGather, nothing_waiting, scheduler_idle_batch
+from switch_sim import CAP, SimulatedGpu, nothing_waiting, scheduler_idle_batch, two_dp_ranks
 
 from sglang_cpu import (
-    init_single_rank_groups,
     make_pools,
     make_req,
     make_server_args,
     prefill_batch,
     prefilled_decode_batch,
-    use_torch_kernels,
     write_tiny_llama_config,
 )
 
@@ -193,18 +191,11 @@ def _load(seed: int, phases: int):
 
 
 def _serve(tmp_path, monkeypatch, phases=48):
-    import sglang.srt.managers.scheduler_dp_attn_mixin as dp_mixin
-
     server_args = make_server_args(
         write_tiny_llama_config(tmp_path / "m"), enable_dp_attention=True, dp_size=2, tp_size=2,
         speculative_disable_batch_size="auto",
     )  # fmt: skip
-    use_torch_kernels(monkeypatch)
-    init_single_rank_groups()
-    gather = TwoRankAllGather()
-    monkeypatch.setattr(torch.distributed, "all_gather_into_tensor", gather)
-    active = types.SimpleNamespace(active_ranks_cpu=torch.ones(2, dtype=torch.int32))
-    monkeypatch.setattr(dp_mixin, "get_tp_group", lambda: active)
+    gather = two_dp_ranks(monkeypatch)
     ranks = [DpRank(server_args, 0, speed=1.0, noise=0.02, tick=1e-9), DpRank(server_args, 1, 1.3, 0.08, tick=16e-3)]
     thresholds = []
     for steps in _load(seed=3, phases=phases):
