@@ -253,18 +253,19 @@ def test_one_poor_request_at_a_batch_of_1_does_not_stop_speculation_for_the_next
 def test_a_drop_in_acceptance_is_learnt_where_the_traffic_speculates(rank):
     """Each bucket keeps the acceptance of the requests it served: a drop seen only at a batch of
     5 leaves the threshold above 12 until the traffic comes back to 12, whose first steps then
-    speculate on the older figure and learn the new one (here within 100 steps, at 0.92 of
-    plain). Too high a figure costs those steps; one too low would decode plain until a probe
-    corrected it, at 2% of steps."""
+    speculate on the older figure and learn the new one from their own steps (here within 150,
+    at 0.92 of plain; 90-100 over six seeds when the traffic's acceptance weighed as 512 of the
+    bucket's request-steps, 100-140 at 48). Too high a figure costs those steps; one too low
+    would decode plain until a probe corrected it, at 2% of steps."""
     good, poor = SimulatedGpu(), SimulatedGpu(accept_length=2.0)
     assert 5 < poor.crossover() < 10 < 28 < good.crossover()
     before = serve([rank], [(5, 300), (28, 600), (12, 300)], good)
     small = serve([rank], [(5, 400)], poor)
     assert rank.switch.auto.learner.acceptance.tokens_per_step < 2.2  # the traffic's has fallen
-    back = serve([rank], [(12, 10)] * 12, poor)
+    back = serve([rank], [(12, 10)] * 18, poor)
     assert before[-1] >= 20 and small[-1] >= 12, (before, small)
     learnt_after = 10 * next(i + 1 for i, threshold in enumerate(back) if threshold < 12)
-    assert learnt_after <= 100, back
+    assert learnt_after <= 150, back
     assert rank.kinds[-30:].count("speculate") <= 3
 
 
@@ -338,7 +339,9 @@ def test_a_sweep_of_closed_loop_levels_keeps_what_clearly_pays(rank):
     """The benchmark's sweep as the H200 served it: levels of three waves, each wave's tail the
     requests that accept least. Speculation gains 11% at C=30 and about nothing at 48 (the
     crossover is 50), and loses 4% at 60: after C=48's tails the threshold must still speculate
-    at 30 (the one acceptance for all batch sizes left 25 there), and C=60 must decode plain."""
+    at 30 (the one acceptance for all batch sizes left 25 there) and stay near the crossover
+    (the tails' acceptance, weighed as 512 request-steps of the full batch's own, left 37), and
+    C=60 must decode plain."""
     from sglang.srt.speculative.spec_switch_auto import PROBE_STEPS
 
     full = SimulatedGpu(accept_length=2.7, spec=(7e-3, 2.11e-4))
@@ -351,7 +354,7 @@ def test_a_sweep_of_closed_loop_levels_keeps_what_clearly_pays(rank):
             sizes = sorted({max(1, c * k // 8) for k in range(1, 8)}, reverse=True)
             serve([rank], [(size, 3) for size in sizes], tail)
         ends[c] = rank.switch.disable_batch_size
-    assert ends[30] >= 30 and ends[48] >= 30 and 30 <= ends[60] < 60, ends
+    assert ends[30] >= 30 and ends[48] >= full.crossover() - 4 and 30 <= ends[60] < 60, ends
     last_full_batch = rank.kinds[-(85 + 3 * 7) : -3 * 7]
     assert last_full_batch.count("speculate") <= PROBE_STEPS  # a probe burst at most
 
