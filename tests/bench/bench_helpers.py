@@ -1,4 +1,4 @@
-"""Synthetic benchmark results the bench tests share (not a test module)."""
+"""Synthetic benchmark results and expectations the bench tests share (not a test module)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,24 @@ LEVELS = [1, 2, 5, 10, 30, 70, 100, 250]
 # anchors.md section 1: the user's 8x RTX PRO 6000 box, Kimi-K2.5, SGLang 0.5.9 (tok/s)
 USER_SPEC = dict(zip(LEVELS, [77.5, 125.1, 183.2, 239.6, 299.5, 337.7, 338.8, 340.9], strict=False))
 USER_NOSPEC = dict(zip(LEVELS, [92.6, 159.7, 292.5, 457.2, 711.0, 784.2, 761.6, 772.1], strict=False))
+# The tensors of an EAGLE-3 draft checkpoint, as SGLang's LlamaForCausalLMEagle3 loads them.
+DRAFT_NAMES = {
+    "fc.weight",
+    "norm.weight",
+    "lm_head.weight",
+    "d2t",
+    "t2d",
+    "midlayer.input_layernorm.weight",
+    "midlayer.hidden_norm.weight",
+    "midlayer.post_attention_layernorm.weight",
+    "midlayer.self_attn.q_proj.weight",
+    "midlayer.self_attn.k_proj.weight",
+    "midlayer.self_attn.v_proj.weight",
+    "midlayer.self_attn.o_proj.weight",
+    "midlayer.mlp.gate_proj.weight",
+    "midlayer.mlp.up_proj.weight",
+    "midlayer.mlp.down_proj.weight",
+}
 
 
 def run_fake_bench(out: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

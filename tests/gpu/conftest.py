@@ -55,7 +55,6 @@ GPUS, GPU_HOW = gpu_count()
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU and the patched SGLang tree (skipped without a GPU)")
     config.addinivalue_line("markers", "gpus(n): needs at least n CUDA GPUs")
-    config.addinivalue_line("markers", "cpu_fixture: runs on CPU (fixture generator checks)")
     config.addinivalue_line(
         "markers", "switch: needs the speculation switch in the tree (skipped on a line without it)"
     )

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bench_helpers import DRAFT_NAMES
 
 from bench.models import fixtures
 from bench.models.corpus import CorpusError, code_corpus, code_prompts, source_files
@@ -40,23 +41,6 @@ CUDNN_ATTENTION_WARNING = (  # the warning of the 2026-12-02 generation on the H
     "cuDNN Attention defaults to a non-deterministic algorithm. To explicitly enable determinism call "
     "torch.use_deterministic_algorithms(True, warn_only=False)."
 )
-DRAFT_NAMES = {
-    "fc.weight",
-    "norm.weight",
-    "lm_head.weight",
-    "d2t",
-    "t2d",
-    "midlayer.input_layernorm.weight",
-    "midlayer.hidden_norm.weight",
-    "midlayer.post_attention_layernorm.weight",
-    "midlayer.self_attn.q_proj.weight",
-    "midlayer.self_attn.k_proj.weight",
-    "midlayer.self_attn.v_proj.weight",
-    "midlayer.self_attn.o_proj.weight",
-    "midlayer.mlp.gate_proj.weight",
-    "midlayer.mlp.up_proj.weight",
-    "midlayer.mlp.down_proj.weight",
-}
 
 
 @pytest.fixture(scope="module")

@@ -11,30 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bench_helpers import DRAFT_NAMES
 
 from bench import cli
 from bench.models import fixtures
 from bench.run import arguments
 
-pytestmark = pytest.mark.cpu_fixture
 SMALL = fixtures.FixtureParams(hidden=64, layers=8, heads=4, kv_heads=2, intermediate=128, vocab=512, max_positions=512)
-DRAFT_NAMES = {
-    "fc.weight",
-    "norm.weight",
-    "lm_head.weight",
-    "d2t",
-    "t2d",
-    "midlayer.input_layernorm.weight",
-    "midlayer.hidden_norm.weight",
-    "midlayer.post_attention_layernorm.weight",
-    "midlayer.self_attn.q_proj.weight",
-    "midlayer.self_attn.k_proj.weight",
-    "midlayer.self_attn.v_proj.weight",
-    "midlayer.self_attn.o_proj.weight",
-    "midlayer.mlp.gate_proj.weight",
-    "midlayer.mlp.up_proj.weight",
-    "midlayer.mlp.down_proj.weight",
-}
 
 
 @pytest.fixture(scope="module")
@@ -178,35 +161,33 @@ def test_exact_only_set_has_the_same_exact_pair(fx: fixtures.Fixtures, tmp_path:
         only.pair("random")
 
 
+def _shrunk_gpu_bound(root: Path) -> list[str]:
+    """`bench fixtures` arguments for the gpu-bound preset with every size shrunk to a toy's."""
+    sizes = {
+        "hidden": 64,
+        "layers": 2,
+        "heads": 4,
+        "kv-heads": 2,
+        "intermediate": 128,
+        "vocab": 512,
+        "max-positions": 512,
+    }
+    return [
+        "--root",
+        str(root),
+        "--preset",
+        "gpu-bound",
+        *(arg for name, n in sizes.items() for arg in (f"--{name}", str(n))),
+    ]
+
+
 def test_gpu_bound_preset_from_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     preset = fixtures.PRESETS["gpu-bound"]
     assert isinstance(preset, fixtures.FixtureParams)
     assert preset.hidden % preset.heads == 0 and preset.heads % preset.kv_heads == 0
     assert preset.device == "cuda" and not preset.random_pair
     # The preset's other fields, shrunk and drawn on CPU here: only the exact pair is written.
-    argv = [
-        "--root",
-        str(tmp_path),
-        "--preset",
-        "gpu-bound",
-        "--hidden",
-        "64",
-        "--layers",
-        "2",
-        "--heads",
-        "4",
-        "--kv-heads",
-        "2",
-        "--intermediate",
-        "128",
-        "--vocab",
-        "512",
-        "--max-positions",
-        "512",
-        "--device",
-        "cpu",
-        "--json",
-    ]
+    argv = [*_shrunk_gpu_bound(tmp_path), "--device", "cpu", "--json"]
     assert cli.main(["fixtures", *argv]) == 0
     assert list(json.loads(capsys.readouterr().out)) == ["exact"]
 
@@ -229,26 +210,7 @@ def test_unavailable_device_is_a_clear_error(tmp_path: Path, capsys: pytest.Capt
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    argv = [
-        "--root",
-        str(tmp_path),
-        "--preset",
-        "gpu-bound",
-        "--hidden",
-        "64",
-        "--layers",
-        "2",
-        "--heads",
-        "4",
-        "--kv-heads",
-        "2",
-        "--intermediate",
-        "128",
-        "--vocab",
-        "512",
-        "--max-positions",
-        "512",
-    ]
+    argv = _shrunk_gpu_bound(tmp_path)
     assert cli.main(["fixtures", *argv]) == 1
     assert "fixture device 'cuda' is not available here" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # nothing half-written
