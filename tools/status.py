@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from tools.apply import classify, load_patches, resolve_ref
@@ -10,6 +11,8 @@ from tools.errors import ToolError
 from tools.hunkcheck import HunkStatus, PatchResult
 from tools.project import Project
 from tools.upstream import materialise
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,9 @@ def status_rows(project: Project, refs: list[str]) -> tuple[list[str], list[Stat
         try:
             base, _ = materialise(project, repo, ref)
         except ToolError as e:
-            columns.append([f"unavailable: {str(e).splitlines()[0]}"] * len(patches))
+            # The reason is several lines (each source tried): once in the log, not in every row.
+            logger.error(f"status: {ref} unavailable: {e}")
+            columns.append([f"unavailable ({ref}: see the log above)"] * len(patches))
             continue
         columns.append([_cell(r) for r in classify(repo, base, [sp.patch for sp in patches])])
     rows = []

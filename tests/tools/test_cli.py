@@ -166,6 +166,20 @@ def test_status_table(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
     assert "| offset.patch | failed (1/1 hunks) |" in out  # exact.patch already changed x20
 
 
+def test_status_says_once_why_a_release_is_unavailable(
+    env: Env, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    env.use("exact.patch", "offset.patch")
+    capsys.readouterr()
+    assert env.tool("status", "--refs", "no-such-tag") == 0
+    out = capsys.readouterr().out
+    assert out.count("| unavailable (no-such-tag: see the log above) |") == 2
+    reasons = [r.getMessage() for r in caplog.records if "no-such-tag unavailable" in r.getMessage()]
+    assert len(reasons) == 1
+    # Every source tried, with its own reason, and what to do.
+    assert "Tried:" in reasons[0] and str(env.upstream) in reasons[0] and "SGLANG_REPO" in reasons[0]
+
+
 def test_new_writes_template(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
     assert env.tool("new", "Gate SM120") == 0
     tpl = (env.tree / ".git/sglang-patch-template").read_text()
