@@ -81,14 +81,18 @@ def with_command(argv: list[str]) -> list[str]:
     commands had names (the Makefile's bench target and the GPU scripts call it so)."""
     if argv and (argv[0] in commands() or argv[0] in ("-h", "--help")):
         return argv
+    if argv and not argv[0].startswith("-"):
+        # The sweep takes options only: a first word is a command, misspelt or unknown.
+        raise BenchUsageError(f"no command {argv[0]!r}; the commands: {', '.join(commands())}")
     return ["run", *argv]
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = with_command(list(sys.argv[1:] if argv is None else argv))
-    args = parser().parse_args(arguments.bind_extra_flags(argv))
-    configure(verbose=args.verbose, root_logger="bench")
     try:
+        args = parser().parse_args(
+            arguments.bind_extra_flags(with_command(list(sys.argv[1:] if argv is None else argv)))
+        )
+        configure(verbose=args.verbose, root_logger="bench")
         return int(args.handler(args))
     except BenchUsageError as e:
         print(f"bench: usage: {e}", file=sys.stderr)

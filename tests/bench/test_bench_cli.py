@@ -28,6 +28,13 @@ def test_options_without_a_command_are_the_sweeps() -> None:
         ap.parse_args(["report", "--quick"])
 
 
+def test_an_unknown_command_is_named_with_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["boundary", "docs/bench/x"]) == 2
+    assert "bench: usage: no command 'boundary'; the commands: run, report, boundaries, fixtures" in (
+        capsys.readouterr().err
+    )
+
+
 def test_a_missing_input_is_a_usage_error_not_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["report", str(tmp_path / "nowhere.json")]) == 2
     assert f"bench: usage: report: no results at {tmp_path / 'nowhere.json'}" in capsys.readouterr().err
