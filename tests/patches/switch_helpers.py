@@ -21,7 +21,7 @@ NUM_DRAFT_TOKENS = STEPS + 1  # topk 1: a chain of steps + 1 tokens
 NUM_REQS = 6
 
 
-def v2_env(tmp_path, monkeypatch, **server_args):
+def v2_env(tmp_path, monkeypatch, max_reqs=64, **server_args):
     """Pools and global server args for an overlap-scheduled topk-1 EAGLE-3 batch."""
     model_path = write_tiny_llama_config(tmp_path / "model")
     server_args = make_server_args(
@@ -33,7 +33,7 @@ def v2_env(tmp_path, monkeypatch, **server_args):
         **server_args,
     )
     use_torch_kernels(monkeypatch)
-    return make_pools(server_args)
+    return make_pools(server_args, max_reqs=max_reqs)
 
 
 def handled_switch_args(tmp_path, **overrides):

@@ -61,7 +61,8 @@ CAUGHT_UP = "catch-up"
 class Rank:
     """One TP rank: the v2 worker with the auto switch, a scheduler around it, its own clock."""
 
-    def __init__(self, env, seed: int, entry: bool):
+    def __init__(self, env, seed: int, entry: bool, switch: Any = None):
+        """switch: a fixed SpecSwitch instead of the learning one (the open loop's references)."""
         from sglang.srt.managers.scheduler import Scheduler
         from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
         from sglang.srt.speculative.spec_switch import SpecSwitch
@@ -71,7 +72,7 @@ class Rank:
         self.env, self.rng, self.now = env, random.Random(seed), 0.0
         auto = AutoThreshold(CAP, clock=lambda: self.now)
         worker = object.__new__(EAGLEWorkerV2)
-        worker.spec_switch = SpecSwitch.learning(auto)
+        worker.spec_switch = switch or SpecSwitch.learning(auto)
         sync = worker.deferred_draft_sync = DeferredDraftSyncV2(max_catch_up_tokens=4096)
         # What the real steps leave in the deferred sync's bookkeeping.
         worker.forward_plain_decode = lambda mwb: sync.fell_behind(mwb, mwb.seq_lens_cpu)
@@ -111,6 +112,7 @@ class Rank:
         self.held = 0  # KV slots the batch took from the allocator
         self.forward_ct = 0
         self.kinds: list[str] = []
+        self.slots: dict[str, int] = {}  # KV slots each request of an open loop holds
 
     def decode_batch(self, batch_size: int):
         """The running batch at this size, prefilled as SGLang prefills (the last one freed)."""
@@ -137,8 +139,9 @@ class Rank:
             self.env.allocator.free(row[: seq_len + reserved].clone())
             self.env.req_to_token_pool.free(req)
 
-    def step(self, batch_size: int, gpu: SimulatedGpu) -> None:
-        """One decode step: the decision, the simulated forward, the scheduler's report."""
+    def step(self, batch_size: int, gpu: SimulatedGpu) -> int:
+        """One decode step: the decision, the simulated forward, the scheduler's report; the
+        drafts the batch accepted."""
         speculative = False
         try:
             kind = self.worker.forward_batch_generation(self.decode_batch(batch_size)) or "plain"
@@ -154,6 +157,38 @@ class Rank:
             num_accepted_tokens=accepted, spec_skipped=not speculative, spec_catch_up=kind == CAUGHT_UP
         )
         self.switch.observe_step(self.forward_ct, self.batch, result)
+        return accepted
+
+    def admit(self, count: int) -> None:
+        """`count` new requests prefilled and merged into the running batch, as the scheduler
+        merges a prefill."""
+        self.forward_ct += 1  # their prefill ran between the decode steps
+        reqs = [make_req(f"a{self.forward_ct}r{i}", prompt_len=4 + i % 3) for i in range(count)]
+        available = self.env.allocator.available_size()
+        new = prefilled_decode_batch(self.env, reqs, [100 + i for i in range(count)], overlap=True, topk=1)
+        seq_lens = new.seq_lens_cpu.tolist()
+        reserved = (available - self.env.allocator.available_size() - sum(seq_lens)) // count
+        self.slots.update({req.rid: seq_len + reserved for req, seq_len in zip(reqs, seq_lens, strict=True)})
+        if self.batch is None:
+            self.batch = new
+        else:
+            self.batch.merge_batch(new)
+        self.worker_batch = self.batch.get_model_worker_batch()
+
+    def finish(self, finished: set[int]) -> None:
+        """The requests at these batch indices leave it (SGLang's filter_batch): no prefill, the
+        next decode step follows back to back."""
+        for i in sorted(finished):
+            req = self.batch.reqs[i]
+            row = self.env.req_to_token_pool.req_to_token[req.req_pool_idx]
+            self.env.allocator.free(row[: self.slots.pop(req.rid)].clone())
+            self.env.req_to_token_pool.free(req)
+        keep = [i for i in range(len(self.batch.reqs)) if i not in finished]
+        if not keep:
+            self.batch = self.worker_batch = None
+            return
+        self.batch.filter_batch(keep_indices=keep)
+        self.worker_batch = self.batch.get_model_worker_batch()
 
     def receive(self) -> list:
         """The entry rank's request list for this iteration (nothing waits but the thresholds)."""
@@ -180,6 +215,67 @@ def serve(ranks: list[Rank], load: list[tuple[int, int]], gpu: SimulatedGpu) -> 
                 rank.step(batch_size, gpu)
         thresholds.append(ranks[0].switch.disable_batch_size)
     return thresholds
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """An open loop: requests arriving at `rate` a second (Poisson, on the rank's clock), each
+    decoding `tokens` tokens; each prefill between decode steps costs `prefill_seconds`."""
+
+    rate: float
+    tokens: int = 256
+    prefill_seconds: float = 0.02
+    seed: int = 0  # the arrival times' own, so that every switch meets the same traffic
+
+
+class OpenLoop:
+    """Requests arriving on one rank and leaving once they have their tokens."""
+
+    def __init__(self, rank: Rank, arrivals: Arrivals, gpu: SimulatedGpu):
+        self.rank, self.arrivals, self.gpu = rank, arrivals, gpu
+        self.times = random.Random(arrivals.seed)
+        self.next_arrival = rank.now + self.times.expovariate(arrivals.rate)
+        self.left: list[int] = []  # the tokens each request in the batch has still to decode
+        self.admitted_at: list[float] = []
+        self.seconds_per_token: list[float] = []  # of each request finished, in that order
+
+    def serve(self, steps: int) -> list[int]:
+        """`steps` decode steps: the batch size of each. A speculative step gives each request
+        1 + its share of the accepted drafts."""
+        rank, sizes = self.rank, []
+        while len(sizes) < steps:
+            self._admit()
+            accepted = rank.step(len(self.left), self.gpu)
+            sizes.append(len(self.left))
+            share, extra = divmod(accepted, len(self.left))
+            lucky = set(rank.rng.sample(range(len(self.left)), extra))
+            self.left = [n - 1 - share - (i in lucky) for i, n in enumerate(self.left)]
+            self._finish({i for i, n in enumerate(self.left) if n <= 0})
+        return sizes
+
+    def _admit(self) -> None:
+        """The requests arrived by now, in one prefill; with none running, the clock jumps to
+        the next arrival."""
+        rank, arrived = self.rank, 0
+        while self.next_arrival <= rank.now or not self.left and not arrived:
+            rank.now = max(rank.now, self.next_arrival)
+            arrived += 1
+            self.next_arrival += self.times.expovariate(self.arrivals.rate)
+        if arrived:
+            rank.admit(arrived)
+            rank.now += self.arrivals.prefill_seconds
+            self.left += [self.arrivals.tokens] * arrived
+            self.admitted_at += [rank.now] * arrived
+        rank.process(rank.receive())
+
+    def _finish(self, finished: set[int]) -> None:
+        if not finished:
+            return
+        self.rank.finish(finished)
+        for i in sorted(finished):
+            self.seconds_per_token.append((self.rank.now - self.admitted_at[i]) / self.arrivals.tokens)
+        self.left = [n for i, n in enumerate(self.left) if i not in finished]
+        self.admitted_at = [t for i, t in enumerate(self.admitted_at) if i not in finished]
 
 
 class TwoRankAllGather:

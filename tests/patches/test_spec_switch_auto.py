@@ -224,13 +224,17 @@ def test_one_bucket_on_the_wrong_side_does_not_cancel_the_others():
 
     assert 10 <= fit_threshold(at((1, -0.2), (5, 0.3), (10, 0.25), (30, -0.3)), prior=8) < 30
     assert fit_threshold(at((1, -0.2), (5, -0.1)), prior=8) == 0  # where every bucket loses
-    assert fit_threshold(at((5, 0.3), (10, 0.2)), prior=8) == 10  # wins up to 10, nothing measured above
-    assert fit_threshold(at((5, 0.3), (12, 0.2)), prior=16) == 16  # the prior above what was measured
+    # Past the largest batch measured, while every bucket gains: where the last two's trend
+    # crosses zero, at most a doubling further; the prior where it reaches further still.
+    assert fit_threshold(at((5, 0.3), (10, 0.05)), prior=8) == 11  # the trend crosses at 11.5
+    assert fit_threshold(at((5, 0.3), (10, 0.2)), prior=8) == 20  # ... at 40
+    assert fit_threshold(at((5, 0.2), (10, 0.3)), prior=8) == 10  # no falling trend: no guess
+    assert fit_threshold(at((5, 0.3), (12, 0.2)), prior=32) == 32
     assert fit_threshold([], prior=8) == 8
     # The largest batch measured in the last winning bucket, not its mean, bounds speculation.
     tails = [BucketGain(5, 5, 0.3), BucketGain(29.4, 30, 0.2), BucketGain(40, 41, -0.3)]
     assert fit_threshold(tails, prior=8) >= 30
-    assert fit_threshold(tails[:2], prior=8) == 30
+    assert fit_threshold(tails[:2], prior=8) == 60
     # Weighted by the traffic's steps: a few tail steps losing at 30 do not outweigh 48 winning.
     wave = [BucketGain(5, 5, 0.3, 50), BucketGain(30, 30, -0.1, 10), BucketGain(48, 48, 0.08, 200)]
     assert fit_threshold([*wave, BucketGain(60, 60, -0.2, 5)], prior=8) >= 48
