@@ -228,6 +228,7 @@ def test_one_bucket_on_the_wrong_side_does_not_cancel_the_others():
     # crosses zero, at most a doubling further; the prior where it reaches further still.
     assert fit_threshold(at((5, 0.3), (10, 0.05)), prior=8) == 11  # the trend crosses at 11.5
     assert fit_threshold(at((5, 0.3), (10, 0.2)), prior=8) == 20  # ... at 40
+    assert fit_threshold(at((5, 0.3), (10, 0.3 - 1e-9)), prior=8) == 20  # ... past any float
     assert fit_threshold(at((5, 0.2), (10, 0.3)), prior=8) == 10  # no falling trend: no guess
     assert fit_threshold(at((5, 0.3), (12, 0.2)), prior=32) == 32
     assert fit_threshold([], prior=8) == 8
