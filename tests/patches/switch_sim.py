@@ -242,7 +242,8 @@ class OpenLoop:
     def serve(self, steps: int) -> list[int]:
         """`steps` decode steps: the batch size of each. A speculative step gives each request
         1 + its share of the accepted drafts."""
-        rank, sizes = self.rank, list[int]()
+        rank = self.rank
+        sizes: list[int] = []
         while len(sizes) < steps:
             self._admit()
             accepted = rank.step(len(self.left), self.gpu)
