@@ -109,35 +109,18 @@ class Rank:
         self.scheduler = scheduler
         self.batch: Any = None
         self.worker_batch: Any = None
-        self.held = 0  # KV slots the batch took from the allocator
         self.forward_ct = 0
         self.kinds: list[str] = []
-        self.slots: dict[str, int] = {}  # KV slots each request of an open loop holds
+        self.slots: dict[str, int] = {}  # KV slots each request holds
 
     def decode_batch(self, batch_size: int):
-        """The running batch at this size, prefilled as SGLang prefills (the last one freed)."""
+        """The running batch at this size: when the size changes, every request leaves and a new
+        batch of that size is prefilled as SGLang prefills."""
         if self.batch is None or len(self.batch.reqs) != batch_size:
             if self.batch is not None:
-                self._free_batch()
-            self.forward_ct += 1  # the requests' prefill ran between the decode steps
-            reqs = [make_req(f"s{self.forward_ct}r{i}", prompt_len=4 + i % 3) for i in range(batch_size)]
-            available = self.env.allocator.available_size()
-            self.batch = prefilled_decode_batch(
-                self.env, reqs, [100 + i for i in range(batch_size)], overlap=True, topk=1
-            )
-            self.held = available - self.env.allocator.available_size()
-            self.worker_batch = self.batch.get_model_worker_batch()
+                self.finish(set(range(len(self.batch.reqs))))
+            self.admit(batch_size)
         return self.worker_batch
-
-    def _free_batch(self) -> None:
-        """Every KV slot the batch holds: its prompts' and the decode steps' reserved after them
-        (the same number a request), so that a long run of changing batches fits the pools."""
-        seq_lens = self.batch.seq_lens_cpu.tolist()
-        reserved = (self.held - sum(seq_lens)) // len(seq_lens)
-        for req, seq_len in zip(self.batch.reqs, seq_lens, strict=True):
-            row = self.env.req_to_token_pool.req_to_token[req.req_pool_idx]
-            self.env.allocator.free(row[: seq_len + reserved].clone())
-            self.env.req_to_token_pool.free(req)
 
     def step(self, batch_size: int, gpu: SimulatedGpu) -> int:
         """One decode step: the decision, the simulated forward, the scheduler's report; the
