@@ -231,6 +231,11 @@ def test_one_bucket_on_the_wrong_side_does_not_cancel_the_others():
     assert fit_threshold(at((5, 0.3), (10, 0.3 - 1e-9)), prior=8) == 20  # ... past any float
     assert fit_threshold(at((5, 0.2), (10, 0.3)), prior=8) == 10  # no falling trend: no guess
     assert fit_threshold(at((5, 0.3), (12, 0.2)), prior=32) == 32
+    # The trend is the step costs': a drop in acceptance measured at 5 and not yet at 10 does
+    # not bend it outwards (the gains alone would cross at 40, past the doubling).
+    fresh, stale = math.log(2.0), math.log(2.6)
+    drop = [BucketGain(5, 5, fresh - 0.5, 1, fresh), BucketGain(10, 10, stale - 0.8, 1, stale)]
+    assert fit_threshold(drop, prior=8) == 14  # where 10's acceptance stops paying: 14.3
     assert fit_threshold([], prior=8) == 8
     # The largest batch measured in the last winning bucket, not its mean, bounds speculation.
     tails = [BucketGain(5, 5, 0.3), BucketGain(29.4, 30, 0.2), BucketGain(40, 41, -0.3)]
@@ -261,7 +266,9 @@ def test_a_drop_in_acceptance_is_learnt_where_the_traffic_speculates(rank):
     speculate on the older figure and learn the new one from their own steps (here within 150,
     at 0.92 of plain; 90-100 over six seeds when the traffic's acceptance weighed as 512 of the
     bucket's request-steps, 100-140 at 48). Too high a figure costs those steps; one too low
-    would decode plain until a probe corrected it, at 2% of steps."""
+    would decode plain until a probe corrected it, at 2% of steps. Meanwhile the threshold does
+    not rise (it went 35 -> 56 when the trend past the measured batches took the gains of a
+    fresh and a stale acceptance for the step costs')."""
     good, poor = SimulatedGpu(), SimulatedGpu(accept_length=2.0)
     assert 5 < poor.crossover() < 10 < 28 < good.crossover()
     before = serve([rank], [(5, 300), (28, 600), (12, 300)], good)
@@ -271,6 +278,7 @@ def test_a_drop_in_acceptance_is_learnt_where_the_traffic_speculates(rank):
     assert before[-1] >= 20 and small[-1] >= 12, (before, small)
     learnt_after = 10 * next(i + 1 for i, threshold in enumerate(back) if threshold < 12)
     assert learnt_after <= 150, back
+    assert max(back) <= small[-1], back
     assert rank.kinds[-30:].count("speculate") <= 3
 
 
