@@ -17,6 +17,7 @@ import pytest
 from bench.run.server import missing_server_args
 
 import gpu_harness as H
+import greedy_compare as G
 from gpu_harness import SUMMARY
 
 pytestmark = pytest.mark.gpu
@@ -49,6 +50,6 @@ def test_starts_and_serves_the_ramp(ctx: dict[str, Any]) -> None:
 
 
 def test_greedy_outputs_equal_a_plain_server(ctx: dict[str, Any]) -> None:
-    cmp = H.compare(default_tiers_run(ctx), H.ref_run(ctx, PAIR))
+    cmp = G.compare(default_tiers_run(ctx), H.ref_run(ctx, PAIR))
     SUMMARY.append(f"[adaptive default tiers {PAIR}] {cmp.line()}")
     assert not cmp.not_near_tie, f"greedy outputs diverge where the target is not near a tie: {cmp.not_near_tie[0]}"

@@ -20,6 +20,7 @@ from bench.configs import ZERO_STEP_PLAIN_DECODE, write_off_above_tiers
 from bench.run.server import missing_environ
 
 import gpu_harness as H
+import greedy_compare as G
 from gpu_harness import SUMMARY
 
 pytestmark = pytest.mark.gpu
@@ -75,6 +76,6 @@ def test_serves_the_ramp_off_above_n_on_decode_graphs(ctx: dict[str, Any]) -> No
 
 
 def test_greedy_outputs_equal_a_plain_server(ctx: dict[str, Any]) -> None:
-    cmp = H.compare(plain_decode_run(ctx), H.ref_run(ctx, PAIR))
+    cmp = G.compare(plain_decode_run(ctx), H.ref_run(ctx, PAIR))
     SUMMARY.append(f"[adaptive plain-decode {PAIR}] {cmp.line()}")
     assert not cmp.not_near_tie, f"greedy outputs diverge where the target is not near a tie: {cmp.not_near_tie[0]}"

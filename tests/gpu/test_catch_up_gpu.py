@@ -19,6 +19,7 @@ import pytest
 from bench.run import client
 
 import gpu_harness as H
+import greedy_compare as G
 from gpu_harness import SUMMARY
 
 pytestmark = [pytest.mark.gpu, pytest.mark.switch]
@@ -62,6 +63,6 @@ def test_speculation_comes_back_with_the_draft_caught_up(ctx: dict[str, Any], va
         f"counters {run.counters()}"
     )
     assert caught_up, f"speculation came back without a catch-up ({run.log_path})"
-    cmp = H.compare(run, ref)
+    cmp = G.compare(run, ref)
     SUMMARY.append(f"[v2 {variant}] {cmp.line()}")
     assert cmp.equal == cmp.total == REQUESTS, f"outputs differ from no-speculation greedy ones: {cmp.divergences[:2]}"

@@ -11,6 +11,7 @@ import pytest
 from bench.run.client import Result
 
 import gpu_harness as H
+import greedy_compare as G
 
 
 def _run(results: list[Result]) -> H.Run:
@@ -40,7 +41,7 @@ def test_a_divergence_is_a_near_tie_only_within_the_tolerance_and_the_top_five()
             Result("d", output_ids=[1, 4]),
         ]
     )
-    cmp = H.compare(spec, ref)
+    cmp = G.compare(spec, ref)
     assert (cmp.total, cmp.equal) == (4, 1)
     by_prompt = {d["prompt"]: d for d in cmp.divergences}
     assert by_prompt["b"]["near_tie"] and abs(by_prompt["b"]["gap"] - 0.05) < 1e-9 and by_prompt["b"]["pos"] == 1
@@ -52,16 +53,16 @@ def test_a_divergence_is_a_near_tie_only_within_the_tolerance_and_the_top_five()
 def test_failed_requests_are_left_out_of_the_comparison() -> None:
     ref = _run([_ref("a", [1], [[(-0.1, 1, None)]]), _ref("b", [1], [[(-0.1, 1, None)]])])
     spec = _run([Result("a", output_ids=[1]), Result("b", error="HTTP 500")])
-    cmp = H.compare(spec, ref)
+    cmp = G.compare(spec, ref)
     assert (cmp.total, cmp.equal, cmp.skipped, cmp.divergences) == (1, 1, 1, [])
 
 
 def test_within_chance_allows_noise_and_catches_a_jump() -> None:
-    assert H.within_chance(224, 224) and H.within_chance(0, 0)
-    assert H.within_chance(260, 224)  # 36 more, against 3 x sqrt(484) = 66
-    assert not H.within_chance(450, 224)  # a switch that broke the draft or target state
-    assert not H.within_chance(10, 0)  # 3 x sqrt(10) = 9.5
-    assert H.within_chance(100, 224)  # fewer than the control is never a failure
+    assert G.within_chance(224, 224) and G.within_chance(0, 0)
+    assert G.within_chance(260, 224)  # 36 more, against 3 x sqrt(484) = 66
+    assert not G.within_chance(450, 224)  # a switch that broke the draft or target state
+    assert not G.within_chance(10, 0)  # 3 x sqrt(10) = 9.5
+    assert G.within_chance(100, 224)  # fewer than the control is never a failure
 
 
 def test_accepted_drafts_are_read_under_either_releases_name() -> None:

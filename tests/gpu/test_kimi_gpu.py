@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 import gpu_harness as H
+import greedy_compare as G
 from gpu_harness import SUMMARY
 
 pytestmark = [pytest.mark.gpu, pytest.mark.switch]
@@ -73,7 +74,7 @@ def test_ramp_both_kinds_and_graphs(ctx: dict[str, Any], backend: str, worker: s
 def test_greedy_matches_nospec(ctx: dict[str, Any], backend: str, worker: str) -> None:
     ref = H.ref_run(ctx, "kimi-exact", backend)
     assert not ref.errors, f"reference server failed: {ref.errors[0]}"
-    cmp = H.compare(H.switch_run(ctx, worker, "kimi-exact", backend), ref)
+    cmp = G.compare(H.switch_run(ctx, worker, "kimi-exact", backend), ref)
     SUMMARY.append(f"[kimi {backend} {worker} exact] {cmp.line()}")
     assert not cmp.not_near_tie, f"divergences where the target is not near a tie: {cmp.not_near_tie[:3]}"
 
@@ -85,11 +86,11 @@ def test_random_pair_diverges_no_more_than_speculation_itself(ctx: dict[str, Any
     control = H.always_run(ctx, "v2", "kimi-random", backend)
     failed = run.errors or ref.errors or control.errors
     assert not failed, failed[0]
-    cmp, base = H.compare(run, ref), H.compare(control, ref)
+    cmp, base = G.compare(run, ref), G.compare(control, ref)
     SUMMARY.append(f"[kimi {backend} v2 random] switch: {cmp.line()}")
     SUMMARY.append(f"[kimi {backend} v2 random] always speculating: {base.line()}")
     off, off_base = len(cmp.not_near_tie), len(base.not_near_tie)
-    assert H.within_chance(off, off_base), (
+    assert G.within_chance(off, off_base), (
         f"the switch gives {off} divergences off a near-tie where always speculating gives {off_base}: "
         f"first {cmp.not_near_tie[:3]}"
     )

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import pytest
 
 import gpu_harness as H
+import greedy_compare as G
 from gpu_harness import SUMMARY
 
 pytestmark = [pytest.mark.gpu, pytest.mark.switch]
@@ -116,7 +117,7 @@ def test_logprob_requests_in_the_load(load: dict[str, Any], server: str) -> None
     run = _run(load, server, SERVERS[server])
     asked = list(load["asks"])
     from_start = [p for p, a in load["asks"].items() if "logprob_start_len" in a]
-    cmp = H.compare(run, ref)
+    cmp = G.compare(run, ref)
     out = _returned(run, ref, "output_token_logprobs", asked)
     inp = _returned(run, ref, "input_token_logprobs", from_start)
     SUMMARY.append(

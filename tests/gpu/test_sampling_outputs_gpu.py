@@ -24,6 +24,7 @@ from bench.configs import ZERO_STEP_PLAIN_DECODE, write_off_above_tiers
 from bench.run.server import missing_environ, missing_server_args, tree_has_switch
 
 import gpu_harness as H
+import greedy_compare as G
 from gpu_harness import SUMMARY
 
 pytestmark = pytest.mark.gpu  # which servers a tree can run: _unsupported
@@ -158,7 +159,7 @@ def test_outputs_equal_a_plain_servers(load: dict[str, Any], server: str, kind: 
     run = _serve(load, server, SERVERS[server](load))
     assert not run.errors, f"{len(run.errors)} request(s) failed, first: {run.errors[0]}\nlog: {run.log_path}"
     prompts = {p for p, k in load["kind_of"].items() if k == kind}
-    cmp = H.compare(_only(run, prompts), ref)
+    cmp = G.compare(_only(run, prompts), ref)
     off = cmp.not_near_tie
     unequal = _mismatches(run, ref, prompts)
     SUMMARY.append(

@@ -16,6 +16,7 @@ import pytest
 from bench.run.server import server_env
 
 import gpu_harness as H
+import greedy_compare as G
 from gpu_harness import SUMMARY
 
 pytestmark = pytest.mark.gpu
@@ -61,7 +62,7 @@ def test_serves_the_ramp(ctx: dict[str, Any], server: str) -> None:
 
 
 def test_speculative_greedy_matches_plain(ctx: dict[str, Any]) -> None:
-    cmp = H.compare(spec_v2_run(ctx), plain_run(ctx))
+    cmp = G.compare(spec_v2_run(ctx), plain_run(ctx))
     SUMMARY.append(f"[smoke spec-v2 exact] {cmp.line()}")
     assert not cmp.not_near_tie, f"greedy outputs diverge where the target is not near a tie: {cmp.not_near_tie[0]}"
 
