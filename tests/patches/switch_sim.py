@@ -4,7 +4,9 @@ on TP and DP ranks.
 
 Only the GPU is simulated: a step's duration comes from a cost model of a GPU-bound target (a fixed
 part and a part per request, speculative steps dearer, each request gaining `accept_length` tokens
-per speculative step), with multiplicative noise, on a clock of the rank's own.
+per speculative step), with multiplicative noise, on a clock of the rank's own. A v2 catch-up
+costs a plain step and an extend over the positions each request decoded while off (the
+sequences do not grow here, so the rank counts those positions itself).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class SimulatedGpu:
     spec: tuple[float, float] = (7e-3, 2.5e-4)
     accept_length: float = 2.7  # tokens per request per speculative step, the bonus included
     noise: float = 0.02
+    extend: float = 2.7e-5  # seconds per token a catch-up extends (an 8B model's prefill)
 
     def crossover(self) -> float:
         """The batch size where both modes give the same tokens per second."""
@@ -112,6 +115,7 @@ class Rank:
         self.forward_ct = 0
         self.kinds: list[str] = []
         self.slots: dict[str, int] = {}  # KV slots each request holds
+        self.behind: dict[str, int] = {}  # positions each request's draft lacks
 
     def decode_batch(self, batch_size: int):
         """The running batch at this size: when the size changes, every request leaves and a new
@@ -132,8 +136,9 @@ class Rank:
             speculative, kind = True, "speculate"
         self.kinds.append(kind)
         seconds, accepted = gpu.step(speculative, batch_size, self.rng)
-        if kind == CAUGHT_UP:  # an extend over the positions decoded while off: a dear step
-            seconds *= 4
+        if kind == CAUGHT_UP:
+            seconds = gpu.step(False, batch_size, self.rng)[0] + gpu.extend * self._caught_up()
+        self._fall_behind(kind)
         self.now += seconds
         self.forward_ct += 1
         result = GenerationBatchResult(
@@ -141,6 +146,20 @@ class Rank:
         )
         self.switch.observe_step(self.forward_ct, self.batch, result)
         return accepted
+
+    def _caught_up(self) -> int:
+        """The tokens the catch-up extends over: each request's positions decoded while off and
+        its pending one, within the sync's budget (DeferredDraftSyncV2.catch_up_starts)."""
+        sync = self.worker.deferred_draft_sync
+        window = max(1, sync.max_catch_up_tokens // len(self.batch.reqs)) - 1
+        return sum(1 + min(window, self.behind.get(req.rid, 0)) for req in self.batch.reqs)
+
+    def _fall_behind(self, kind: str) -> None:
+        for req in self.batch.reqs:
+            if kind == "plain":
+                self.behind[req.rid] = self.behind.get(req.rid, 0) + 1
+            else:
+                self.behind.pop(req.rid, None)
 
     def admit(self, count: int) -> None:
         """`count` new requests prefilled and merged into the running batch, as the scheduler
@@ -163,6 +182,7 @@ class Rank:
         next decode step follows back to back."""
         for i in sorted(finished):
             req = self.batch.reqs[i]
+            self.behind.pop(req.rid, None)
             row = self.env.req_to_token_pool.req_to_token[req.req_pool_idx]
             self.env.allocator.free(row[: self.slots.pop(req.rid)].clone())
             self.env.req_to_token_pool.free(req)
