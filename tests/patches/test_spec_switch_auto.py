@@ -11,6 +11,7 @@ speculative step), with multiplicative noise, on a clock of the rank's own.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 
 import pytest
@@ -81,7 +82,7 @@ def test_probing_is_bounded(rank):
     assert 0 < probes <= PROBE_SHARE * steps + 2 * PROBE_STEPS + PROBE_STEPS * len(first_visits)
 
 
-def test_probing_spends_a_bounded_share_of_the_time_where_catch_ups_are_dear(tmp_path, monkeypatch):
+def test_probing_spends_a_bounded_share_of_the_time_where_catch_ups_are_dear(tmp_path, monkeypatch, caplog):
     """Above the crossover a probe that speculates first catches the draft up over the positions
     decoded since the last one (up to a prefill chunk: here 4,096 tokens, 20 plain steps' worth).
     Counted as one step, the 2% of the steps took 7.7% of the time at a batch of 50; charged at
@@ -89,6 +90,7 @@ def test_probing_spends_a_bounded_share_of_the_time_where_catch_ups_are_dear(tmp
     from sglang.srt.speculative.spec_switch import SpecSwitch
     from sglang.srt.speculative.spec_switch_auto import PROBE_SHARE, AutoThreshold
 
+    caplog.set_level(logging.INFO, logger="sglang.srt.speculative.spec_switch_auto")
     gpu = SimulatedGpu(noise=0)
     assert gpu.crossover() < 50
     never = SpecSwitch.learning(AutoThreshold(0))
@@ -104,6 +106,8 @@ def test_probing_spends_a_bounded_share_of_the_time_where_catch_ups_are_dear(tmp
         spent.append(rank.now - start)
     assert ranks[1].kinds[-6000:].count("catch-up") >= 2
     assert spent[1] <= (1 + 1.5 * PROBE_SHARE) * spent[0]
+    charges = [r.getMessage() for r in caplog.records if "a probe's catch-up took" in r.getMessage()]
+    assert len(charges) >= 2 and "plain steps more than a plain step" in charges[-1]
 
 
 def test_ranks_switch_at_the_same_steps(tmp_path, monkeypatch):
