@@ -136,8 +136,8 @@ class Rank:
             speculative, kind = True, "speculate"
         self.kinds.append(kind)
         seconds, accepted = gpu.step(speculative, batch_size, self.rng)
-        if kind == CAUGHT_UP:
-            seconds = gpu.step(False, batch_size, self.rng)[0] + gpu.extend * self._caught_up()
+        if kind == CAUGHT_UP:  # a plain step's target work and the extend over what it owes
+            seconds += gpu.extend * self._caught_up()
         self._fall_behind(kind)
         self.now += seconds
         self.forward_ct += 1
