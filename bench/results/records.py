@@ -343,3 +343,8 @@ def _by_rank(data: Any, where: str) -> dict[int, SwitchCounters | None]:
         int_key(k, where): None if v is None else SwitchCounters.from_json(v, f"{where}[{k!r}]")
         for k, v in r.data.items()
     }
+
+
+def levels_of(run: RunResults) -> list[int]:
+    """The concurrency levels any of the run's configs measured, ascending."""
+    return sorted({lv.concurrency for c in run.configs.values() for lv in c.levels})

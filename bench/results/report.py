@@ -11,15 +11,15 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from bench.configs import AGAIN, BASELINE_NOSPEC, BASELINE_SPEC, declared_references
 from bench.results import open_report
 from bench.results.analysis import Recommendation, best_of_ratios, recommend, series
 from bench.results.decode_rate import decode_rates_by_batch_size, median_rate
 from bench.results.learned import learned_lines
+from bench.results.plot import write_throughput_plot
 from bench.results.profile import markdown as profile_markdown
-from bench.results.records import Analysis, ConfigRecord, LevelRecord, RateKey, RunResults
+from bench.results.records import Analysis, ConfigRecord, LevelRecord, RateKey, RunResults, levels_of
 
 RATIO_TARGET = 0.95
 
@@ -88,10 +88,6 @@ def merge(*parts: RunResults) -> RunResults:
         out.configs.update(p.configs)
         out.extra.update(p.extra)
     return out
-
-
-def levels_of(run: RunResults) -> list[int]:
-    return sorted({lv.concurrency for c in run.configs.values() for lv in c.levels})
 
 
 def write_json(run: RunResults, analysis: Analysis, path: Path) -> Path:
@@ -350,49 +346,6 @@ def write_markdown(run: RunResults, analysis: Analysis, path: Path) -> Path:
     return path
 
 
-def write_plot(run: RunResults, analysis: Analysis, path: Path) -> Path | None:
-    """PNG of tok/s against concurrency (log x); None when matplotlib is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    if not levels_of(run):
-        return None
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
-    for name, c in run.configs.items():
-        s = series(c.levels)
-        if s:
-            xs = sorted(s)
-            ax.plot(xs, [s[x] for x in xs], marker="o", label=name, linestyle="--" if "switch" in name else "-")
-    rec = analysis.recommendation
-    if rec and rec.crossover:
-        ax.axvline(rec.crossover, color="grey", linestyle=":", label=f"crossover C~{rec.crossover:.1f}")
-    concurrency_axis(ax, levels_of(run))
-    ax.set_ylabel("output tokens / s")
-    title = run.meta.get("title") or "throughput vs concurrency"
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
-def concurrency_axis(ax: Any, levels: list[int]) -> None:
-    """A plot's x axis: the run's concurrency levels, on a log scale, labelled as plain numbers."""
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
-
-    ax.set_xscale("log")
-    ax.set_xticks(levels)
-    ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("concurrency (requests in flight)")
-
-
 def write_all(run: RunResults, out: Path, plot: bool = True) -> tuple[Analysis, dict[str, Path | None]]:
     """Analyse the run and write results.json, .csv, .md and (with plot) throughput.png and
     open-loop.png to out."""
@@ -402,6 +355,6 @@ def write_all(run: RunResults, out: Path, plot: bool = True) -> tuple[Analysis, 
         "json": write_json(run, analysis, out / "results.json"),
         "csv": write_csv(run, analysis, out / "results.csv"),
         "md": write_markdown(run, analysis, out / "results.md"),
-        "png": write_plot(run, analysis, out / "throughput.png") if plot else None,
+        "png": write_throughput_plot(run, analysis, out / "throughput.png") if plot else None,
         "open_png": open_report.write_plot(run, out / "open-loop.png") if plot else None,
     }

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.configs import BASELINE_NOSPEC, declared_references
-from bench.results import report
+from bench.results import plot, records
 from bench.results.analysis import series
 from bench.results.records import Analysis, RateKey, RunResults
 
@@ -71,7 +71,7 @@ def baseline_spread(parts: Sequence[Part], key: RateKey, name: str = BASELINE_NO
 
 
 def levels_of(parts: Sequence[Part]) -> list[int]:
-    return sorted({c for p in parts for c in report.levels_of(p.run)})
+    return sorted({c for p in parts for c in records.levels_of(p.run)})
 
 
 def markdown(parts: Sequence[Part]) -> str:
@@ -135,7 +135,7 @@ def write_plot(parts: Sequence[Part], path: Path, title: str) -> Path | None:
                     ax.plot(c, r.ratio, marker="o", color=line.get_color(), fillstyle="none" if r.missing else "full")
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.axhline(RATIO_TARGET, color="grey", linestyle=":", label=f"{RATIO_TARGET}")
-        report.concurrency_axis(ax, levels_of(parts))
+        plot.concurrency_axis(ax, levels_of(parts))
         ax.set_title(
             f"{label}: ratio to the best reference in its run\n(hollow: a reference missing from that run)", fontsize=9
         )
