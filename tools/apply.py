@@ -17,11 +17,12 @@ from pathlib import Path
 from tools.errors import ApplyError, PatchParseError, SeriesError, UnsafeTreeError
 from tools.gitutil import Git
 from tools.hunkcheck import HunkStatus, PatchResult, TreeState, check_series
+from tools.lockfile import LockEntry, pinned_ref
 from tools.patchfile import Patch, index_problems, read_patch, requirement_problems
 from tools.progress import Counter
 from tools.project import Project
 from tools.series import SeriesProblemKind, read_series, series_problems
-from tools.upstream import LockEntry, materialise, pinned_ref
+from tools.upstream import materialise
 
 logger = logging.getLogger(__name__)
 

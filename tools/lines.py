@@ -13,9 +13,9 @@ import shutil
 from pathlib import Path
 
 from tools.errors import UsageError
+from tools.lockfile import pinned_ref
 from tools.project import LINES_DIR, Project
 from tools.series import read_series
-from tools.upstream import pinned_ref
 
 logger = logging.getLogger(__name__)
 # What every line's CPU tests share from the default line's tests/patches (each line's conftest.py

@@ -35,6 +35,7 @@ from tools.errors import ToolError
 from tools.export import canonical
 from tools.gitutil import Git
 from tools.hunkcheck import HunkStatus
+from tools.lockfile import known_entry, pinned_ref, write_lock
 from tools.progress import Counter
 from tools.project import Project
 from tools.rebase_port import (
@@ -47,7 +48,7 @@ from tools.rebase_port import (
     upstream_moves,
 )
 from tools.rebase_state import STATE_FILE, State, _range_diff, report_markdown
-from tools.upstream import known_entry, materialise, pinned_ref, write_lock
+from tools.upstream import materialise
 
 logger = logging.getLogger(__name__)
 

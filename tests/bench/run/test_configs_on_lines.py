@@ -24,8 +24,8 @@ from bench.run import settings as run_settings
 from bench.run import sweep
 from bench.run.arguments import parser
 from bench.run.server import ServerSpec, cuda_graph_max_bs_flag, missing_environ, missing_server_args
+from tools.lockfile import read_lock
 from tools.project import Project, default_root
-from tools.upstream import read_lock
 from tools.versions import release_order
 
 PROJECT = Project(default_root())
