@@ -65,6 +65,16 @@ def level_parts(text: str, count: int) -> list[str]:
     return [before_profile(part) for part in parts[:count]]
 
 
+def prefill_batches_by_level(text: str, count: int) -> list[int] | None:
+    """The prefill batches in each of `count` levels' parts of the log; None when the log does not
+    hold one part per level (a server started without the bench's flushes)."""
+    try:
+        parts = level_parts(text, count)
+    except BenchUsageError:
+        return None
+    return [sum(1 for line in part.splitlines() if _PREFILL.search(line)) for part in parts]
+
+
 def level_log(part: str, concurrency: int, steps_per_line: int, first: bool = False) -> LevelLog:
     """first: the run's first level, whose first decode line's interval reaches back to the server's
     start or into the warm-up's short waves; a later level's first interval holds only the end of

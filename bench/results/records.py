@@ -12,7 +12,9 @@ results.json:
                     "wave_send_spread_s": [...],  # each full wave's span of send times; absent in older runs
                     "counters": {"spec_steps", "fallback_steps", "switches"} | null,
                     "decode_lines", "decode_tok_per_s" | null,  # the decode pair once taken from the log
-                    "decode_accept_len"}],  # the acceptance decode_tok_per_s is at; absent: plain steps or older runs
+                    "decode_accept_len",  # the acceptance decode_tok_per_s is at; absent: plain steps or older runs
+                    "switch_threshold",  # a learning switch's threshold at the level's end; absent: none
+                    "prefill_batches"}],  # the level's prefill batches in the server's log; absent: not read
         "rates": [...],                    # open-loop request rates (bench.results.open_records); absent: none
         "startup_s", "profile": PROFILE | [PROFILE, ...],  # a list when the run profiled several levels
         # PROFILE: {"concurrency", "profiled_steps", "error"}
@@ -111,6 +113,8 @@ class LevelRecord:
     wave_tok_per_s: tuple[float, ...] = ()  # each full wave's output tok/s (client.LevelRun.wave_tok_per_s)
     wave_send_spread_s: tuple[float, ...] = ()  # each full wave's span of send times (client.LevelRun)
     switch_threshold: int | None = None  # a learning switch's threshold at the level's end (/metrics)
+    # The prefill batches the server logged in the level (bench.results.boundaries): None until the log is read.
+    prefill_batches: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -139,6 +143,8 @@ class LevelRecord:
             out["wave_send_spread_s"] = list(self.wave_send_spread_s)
         if self.switch_threshold is not None:
             out["switch_threshold"] = self.switch_threshold
+        if self.prefill_batches is not None:
+            out["prefill_batches"] = self.prefill_batches
         if self.decode_lines is not None:
             out["decode_lines"] = self.decode_lines
             out["decode_tok_per_s"] = self.decode_tok_per_s
@@ -170,6 +176,7 @@ class LevelRecord:
             wave_tok_per_s=r.opt(r.numbers, "wave_tok_per_s") or (),
             wave_send_spread_s=r.opt(r.numbers, "wave_send_spread_s") or (),
             switch_threshold=r.opt(r.integer, "switch_threshold"),
+            prefill_batches=r.opt(r.integer, "prefill_batches"),
             extra=r.rest(),
         )
 

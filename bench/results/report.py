@@ -15,6 +15,7 @@ from pathlib import Path
 from bench.configs import AGAIN, BASELINE_NOSPEC, BASELINE_SPEC, declared_references
 from bench.results import open_report
 from bench.results.analysis import Recommendation, best_of_ratios, recommend, series
+from bench.results.boundaries import prefill_batches_by_level
 from bench.results.decode_rate import decode_rates_by_batch_size, median_rate
 from bench.results.learned import learned_lines
 from bench.results.plot import write_throughput_plot
@@ -64,10 +65,13 @@ def _ratios(cfgs: Mapping[str, ConfigRecord], s: Mapping[str, dict[int, float]])
 
 def with_decode_rates(config: ConfigRecord, log_text: str) -> ConfigRecord:
     """The config, each level given the median of the server's steady decode throughput at bs = its
-    concurrency, speculative steps counted at the acceptance of all its decode lines at that bs."""
+    concurrency, speculative steps counted at the acceptance of all its decode lines at that bs,
+    and the prefill batches its part of the log holds."""
     by_bs = decode_rates_by_batch_size(log_text)
+    counted = prefill_batches_by_level(log_text, len(config.levels))
+    prefills: list[int | None] = list(counted) if counted else [None] * len(config.levels)
 
-    def level(lv: LevelRecord) -> LevelRecord:
+    def level(lv: LevelRecord, prefill_batches: int | None) -> LevelRecord:
         rates = by_bs.get(lv.concurrency)
         accept_len = rates.accept_len if rates else None
         return dataclasses.replace(
@@ -75,9 +79,10 @@ def with_decode_rates(config: ConfigRecord, log_text: str) -> ConfigRecord:
             decode_lines=len(rates.rates) if rates else 0,
             decode_tok_per_s=median_rate(rates),
             decode_accept_len=None if accept_len is None else round(accept_len, 3),
+            prefill_batches=prefill_batches,
         )
 
-    return dataclasses.replace(config, levels=tuple(level(lv) for lv in config.levels))
+    return dataclasses.replace(config, levels=tuple(map(level, config.levels, prefills)))
 
 
 def merge(*parts: RunResults) -> RunResults:
@@ -158,6 +163,7 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
         out.append(f"Ratios below {RATIO_TARGET} are in bold.")
         out.append("")
     out += _wave_lines(cfgs, levels)
+    out += _prefill_lines(cfgs, levels)
     if analysis.decode_ratios or any(lv.decode_tok_per_s for c in cfgs.values() for lv in c.levels):
         out += [
             "Decode-step throughput at bs = C: the median of the server's own `gen throughput` log lines "
@@ -236,6 +242,25 @@ def _wave_lines(cfgs: Mapping[str, ConfigRecord], levels: list[int]) -> list[str
         by = {lv.concurrency: lv for lv in c.levels}
         lines.append(f"| {name} | " + " | ".join(_wave_cell(by.get(lvl)) for lvl in levels) + " |")
     return lines + [""]
+
+
+def _prefill_lines(cfgs: Mapping[str, ConfigRecord], levels: list[int]) -> list[str]:
+    """Each level's prefill batches, where the servers' logs were read."""
+    if not any(lv.prefill_batches is not None for c in cfgs.values() for lv in c.levels):
+        return []
+    out = [
+        "Prefill batches per level (the server's log). In a closed loop whose requests all ask for the "
+        "same tokens, a plain server's requests finish at one step and their successors come in one "
+        "batch; requests that finish steps apart (after any speculative step) bring one each, and the "
+        "decode steps wait for every one. Traffic of varied lengths or arrivals does that to every server.",
+        "",
+        *_header(levels),
+    ]
+    for name, c in cfgs.items():
+        batches = {lv.concurrency: lv.prefill_batches for lv in c.levels}
+        cells = ("" if batches.get(level) is None else str(batches[level]) for level in levels)
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return out + [""]
 
 
 def _wave_cell(level: LevelRecord | None) -> str:

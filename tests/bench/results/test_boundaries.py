@@ -13,7 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from bench.cli import main  # noqa: E402
-from bench.results import boundaries, decode_rate, logparse  # noqa: E402
+from bench.results import boundaries, decode_rate, logparse, report  # noqa: E402
+from bench.results.records import LevelRecord, read_results  # noqa: E402
 
 SWEEP = Path(__file__).resolve().parents[3] / "docs" / "bench" / "sweep-trained-gpu-bound"
 
@@ -131,3 +132,26 @@ def test_a_speculative_interval_counts_the_tokens_its_steps_accepted(capsys: pyt
     assert main(["boundaries", str(run), "--logs", str(run / "bench-logs.tgz")]) == 0
     spec_v2 = capsys.readouterr().out.split("`spec-v2`:")[1].split("`switch-v2-auto`:")[0]
     assert "| 30 | 7, 0.1127 |" in spec_v2
+
+
+def test_the_report_counts_each_levels_prefill_batches(sweep: Path) -> None:
+    run, _ = read_results(sweep / "results.json")
+    text = (sweep / "logs" / "nospec.log").read_text(errors="replace")
+    config = report.with_decode_rates(run.configs["nospec"], text)
+    by_level = {lv.concurrency: lv.prefill_batches for lv in config.levels}
+    assert by_level[70] == 17  # as `bench boundaries` counts it (the test above)
+    parts = boundaries.level_parts(text, len(config.levels))
+    assert list(by_level.values()) == [
+        boundaries.level_log(part, lv.concurrency, 40).prefills for part, lv in zip(parts, config.levels, strict=True)
+    ]
+    assert all(LevelRecord.from_json(lv.to_json(), "level") == lv for lv in config.levels)
+    run.configs["nospec"] = config
+    table = report.markdown(run, report.analyse(run))
+    assert "Prefill batches per level" in table
+    assert "| nospec | " + " | ".join(str(n) for n in by_level.values()) + " |" in table
+
+
+def test_a_log_without_a_part_per_level_counts_no_prefill_batches() -> None:
+    assert (
+        boundaries.prefill_batches_by_level("Prefill batch, #new-seq: 1, #new-token: 5, #cached-token: 0\n", 1) is None
+    )
