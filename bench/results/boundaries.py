@@ -72,7 +72,12 @@ def prefill_batches_by_level(text: str, count: int) -> list[int] | None:
         parts = level_parts(text, count)
     except BenchUsageError:
         return None
-    return [sum(1 for line in part.splitlines() if _PREFILL.search(line)) for part in parts]
+    return [len(_prefill_batches(part)) for part in parts]
+
+
+def _prefill_batches(part: str) -> list[re.Match[str]]:
+    """The log part's prefill batch lines, matched."""
+    return [m for m in map(_PREFILL.search, part.splitlines()) if m]
 
 
 def level_log(part: str, concurrency: int, steps_per_line: int, first: bool = False) -> LevelLog:
@@ -87,7 +92,7 @@ def level_log(part: str, concurrency: int, steps_per_line: int, first: bool = Fa
         for iv in intervals(decode, from_start=False)
         if iv.batch_size == concurrency and iv.tok_per_s
     ]
-    prefills = [m for m in map(_PREFILL.search, part.splitlines()) if m]
+    prefills = _prefill_batches(part)
     return LevelLog(
         concurrency=concurrency,
         steady_s=tuple(s for s, steady in at_c if steady),
