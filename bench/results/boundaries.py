@@ -126,7 +126,7 @@ def markdown(config: str, levels: list[LevelLog], steps_per_line: int) -> list[s
 
 
 def read_log(logs: Path, config: str) -> str:
-    """A config's server log from a folder of logs, or from a .tgz the device sent back packed."""
+    """A config's server log from a folder of logs, or from a tar archive of them (any compression)."""
     if logs.is_dir():
         path = logs / f"{config}.log"
         if not path.is_file():
@@ -152,7 +152,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         "--logs",
         type=Path,
         default=None,
-        help="the servers' logs (<config>.log), a folder or the .tgz the device sent back; default RUN/logs",
+        help="the servers' logs (<config>.log), a folder or a tar archive of logs/<config>.log (the .tgz the device sends back, a .tar.xz); default RUN/logs",
     )
     ap.add_argument(
         "--decode-log-interval",

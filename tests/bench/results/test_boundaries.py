@@ -50,9 +50,16 @@ def test_the_levels_missed_decompose_as_measured_by_hand(sweep: Path) -> None:
     assert (nospec70.prefills, nospec70.new_tokens, nospec70.cached_tokens) == (17, 2360, 8280)
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["folder", "tgz"])
-def test_the_command_prints_a_table_per_config(sweep: Path, packed: bool, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["boundaries", str(SWEEP), "--logs", str(SWEEP / "bench-logs.tgz")] if packed else ["boundaries", str(sweep)]
+@pytest.mark.parametrize("packed", ["folder", "tgz", "xz"])
+def test_the_command_prints_a_table_per_config(sweep: Path, packed: str, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["boundaries", str(sweep)]
+    if packed == "tgz":
+        args = ["boundaries", str(SWEEP), "--logs", str(SWEEP / "bench-logs.tgz")]
+    if packed == "xz":  # as docs/ keeps newer runs' logs
+        with tarfile.open(sweep / "logs.tar.xz", "w:xz") as tar:
+            tar.add(sweep / "logs", "logs")
+        shutil.rmtree(sweep / "logs")
+        args += ["--logs", str(sweep / "logs.tar.xz")]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert [line for line in out.splitlines() if line.startswith("`")] == ["`nospec`:", "`spec-v2`:", "`switch-v2`:"]
@@ -102,10 +109,10 @@ def test_the_steps_per_line_come_from_the_runs_extra_flags(capsys: pytest.Captur
     assert boundaries.logged_interval({"extra_flags": "--decode-log-interval 10"}) == 10
     assert boundaries.logged_interval({"extra_flags": "--decode-log-interval=12 --x"}) == 12
     assert boundaries.logged_interval({}) == boundaries.SGLANG_DECODE_LOG_INTERVAL
-    assert main(["boundaries", str(run), "--logs", str(run / "bench-logs.tgz")]) == 0
+    assert main(["boundaries", str(run), "--logs", str(run / "bench-logs.tar.xz")]) == 0
     out = capsys.readouterr().out
     assert "steady 10-step intervals" in out and "| 30 | 73, 0.0505 |" in out
-    assert main(["boundaries", str(run), "--logs", str(run / "bench-logs.tgz"), "--decode-log-interval", "40"]) == 0
+    assert main(["boundaries", str(run), "--logs", str(run / "bench-logs.tar.xz"), "--decode-log-interval", "40"]) == 0
     assert "| 30 | 73, 0.2022 |" in capsys.readouterr().out
 
 
@@ -129,7 +136,7 @@ def test_a_speculative_interval_counts_the_tokens_its_steps_accepted(capsys: pyt
     assert level.steady_s == pytest.approx((10 * 30 * 2.0 / 7500, 10 * 30 / 7500))
     # The wave-tails run's spec-v2 at C=30: 7 steady intervals, at its steps' 7248 tok/s x 30 / A 2.72.
     run = SWEEP.parent / "auto-threshold-wave-tails"
-    assert main(["boundaries", str(run), "--logs", str(run / "bench-logs.tgz")]) == 0
+    assert main(["boundaries", str(run), "--logs", str(run / "bench-logs.tar.xz")]) == 0
     spec_v2 = capsys.readouterr().out.split("`spec-v2`:")[1].split("`switch-v2-auto`:")[0]
     assert "| 30 | 7, 0.1127 |" in spec_v2
 
