@@ -174,11 +174,12 @@ def _add_sweep_args(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument(
         "--repeat",
-        metavar="CONFIG",
+        metavar="CONFIGS",
         default=None,
-        help="serve CONFIG (one of --configs) once more at the end of the run, as CONFIG-again, and "
-        "report its second/first ratio per level: the run-to-run noise a comparison within the run "
-        "must beat",
+        help="serve each of these configs (comma-separated, of --configs) once more at the end of the "
+        "run, as CONFIG-again, and report its second/first ratio per level or rate: the run-to-run "
+        "noise a comparison within the run must beat (two speculating servers differ more than two "
+        "plain ones: repeat both kinds to judge a ratio between them)",
     )
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 512 (--quick 128)")
     ap.add_argument(

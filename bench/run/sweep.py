@@ -311,7 +311,7 @@ def command(args: argparse.Namespace) -> int:
     cfgs = named or parse_configs(",".join(configs_for_tree(tree)))
     if args.repeat:
         try:
-            cfgs.append(repeated(cfgs, args.repeat))
+            cfgs += [repeated(cfgs, name) for name in dict.fromkeys(args.repeat.split(","))]
         except ValueError as e:
             raise BenchUsageError(str(e)) from None
     out = args.out or PROJECT_ROOT / "build" / "bench" / time.strftime("%Y%m%d-%H%M%S")

@@ -129,8 +129,21 @@ def test_repeat_serves_a_config_again_and_names_a_config_the_run_lacks(tmp_path:
     assert set(res["ratios"]["nospec-again"]) == {"1", "2"}
     assert "Run-to-run noise, `nospec` served twice" in (tmp_path / "ok" / "results.md").read_text()
 
-    p = run_fake_bench(tmp_path / "bad", *base, "--repeat", "spec")
+    p = run_fake_bench(tmp_path / "bad", *base, "--repeat", "nospec,spec")
     assert p.returncode == 2 and "--repeat spec: not one of the run's configs (nospec)" in p.stderr
+
+
+def test_repeat_serves_each_config_named_again_after_every_first_run(tmp_path: Path) -> None:
+    args = ("--model", "/fake/t", "--draft-model", "/fake/d", "--configs", "nospec,spec-v2", "--concurrency", "1")
+    p = run_fake_bench(
+        tmp_path, *args, "--num-requests", "1", "--max-new-tokens", "4", "--repeat", "spec-v2,nospec,spec-v2"
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert list(res["configs"]) == ["nospec", "spec-v2", "spec-v2-again", "nospec-again"]
+    assert res["configs"]["spec-v2-again"]["compare_to"] == ["spec-v2"]
+    md = (tmp_path / "results.md").read_text()
+    assert "`spec-v2` served twice" in md and "`nospec` served twice" in md
 
 
 def test_freeze_gc_freezes_each_server_after_its_warm_up(tmp_path: Path) -> None:
