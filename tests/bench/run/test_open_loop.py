@@ -39,21 +39,23 @@ def test_arrivals_are_bench_servings_exponential_draws_at_the_rate() -> None:
 
 def test_requests_go_out_on_schedule_whatever_is_in_flight() -> None:
     n, rate = 40, 50.0
-    with StreamingServer(first_delay=0.3) as srv:
+    reply = 0.5
+    with StreamingServer(first_delay=reply) as srv:
         run = run_rate(srv.url, ["ok"] * n, rate, SAMPLING, seed=3)
     schedule = arrival_offsets(n, rate, seed=3)
-    # on time as a rule, and never late by a reply's 0.3 s (a loaded two-core machine can add tens of ms)
+    # On time as a rule, and never late by a reply's delay, which a client that waited for replies
+    # would add; a loaded two-core CI machine delays a send by up to ~0.15 s (once 124 ms here).
     late = np.abs(np.array([o.start_time for o in run.outputs]) - schedule)
-    assert np.median(late) < 0.01 and late.max() < 0.1
+    assert np.median(late) < 0.01 and late.max() < reply / 2
     assert srv.most >= 5, "an open loop does not wait for replies: requests pile up behind a slow server"
     came = np.array(srv.arrivals) - schedule  # the server's clock: its times up to a shift
     came = np.abs(came - np.median(came))
-    assert np.median(came) < 0.01 and came.max() < 0.1
+    assert np.median(came) < 0.01 and came.max() < reply / 2
     rec = run.record()
     assert rec.completed == n and not rec.errors and rec.output_tokens == 10 * n
     assert rec.arrival_rate == pytest.approx((n - 1) / schedule[-1], rel=0.15)
     assert rec.output_tok_per_s == pytest.approx(10 * n / run.duration_s, rel=1e-3)
-    assert run.duration_s >= schedule[-1] + 0.3
+    assert run.duration_s >= schedule[-1] + reply
 
 
 def test_ttft_tpot_and_itl_of_a_server_with_known_delays() -> None:
