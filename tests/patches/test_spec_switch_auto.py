@@ -245,6 +245,34 @@ def test_the_step_before_a_catch_up_is_not_a_plain_measurement():
     assert learner.acceptance.tokens_per_step == pytest.approx(1 + 40 / 30)
 
 
+def test_a_buckets_rates_follow_its_newest_steps_between_reads():
+    """Each bucket's summary is kept between reads (the decode log reads every bucket): a read
+    after new steps must see them, in the bucket they fell in and no other."""
+    from sglang.srt.speculative.spec_switch_auto import StepCostLearner, bucket_edges
+
+    now = [0.0]
+    learner = StepCostLearner(64, prior=8, clock=lambda: now[0])
+    forward_ct = 0
+
+    def plain_steps(batch_size: int, seconds: float, count: int) -> None:
+        nonlocal forward_ct
+        for _ in range(count):
+            now[0] += seconds
+            forward_ct += 1
+            learner.observe(forward_ct, batch_size, 0, False)
+
+    plain_steps(30, 5e-3, 12)
+    plain_steps(12, 4e-3, 12)
+    step_time = learner.times[(28, False)]
+    assert (step_time.median_seconds, step_time.batch_size, step_time.largest) == (pytest.approx(5e-3), 30, 30)
+    plain_steps(31, 9e-3, 40)  # a step is timed once the step after it is in: 39 of them
+    assert step_time.median_seconds == pytest.approx(9e-3) and step_time.largest == 31
+    assert step_time.batch_size == pytest.approx((11 * 30 + 39 * 31) / 50)
+    assert learner.times[(12, False)].median_seconds == pytest.approx(4e-3)
+    for batch_size in range(1, 65):
+        assert learner.bucket(batch_size) == max(e for e in bucket_edges(64) if e <= batch_size)
+
+
 def test_one_bucket_on_the_wrong_side_does_not_cancel_the_others():
     """One request's poor acceptance at a batch of 1 made that bucket lose on the H200, which
     turned speculation off at every size while larger batches still gained from it."""
