@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 
 import pytest
 from switch_sim import CAP, Rank, SimulatedGpu, serve
 
-from switch_helpers import handled_switch_args, scheduler_metrics_collector_class, v2_env
+from switch_helpers import scheduler_metrics_collector_class, v2_env
 
 
 @pytest.fixture
@@ -133,63 +132,6 @@ def test_ranks_switch_at_the_same_steps(tmp_path, monkeypatch):
     assert alone[0].kinds != alone[1].kinds
 
 
-def test_auto_bounds_the_learned_thresholds(tmp_path):
-    from sglang.srt.speculative.spec_switch import SpecSwitch
-
-    args = handled_switch_args(tmp_path, speculative_disable_batch_size="auto")
-    assert args.speculative_switch_auto
-    # The bounds size the graph sets: verify graphs up to the cap, plain-decode graphs from 1.
-    assert (args.speculative_disable_batch_size, args.speculative_enable_batch_size) == (64, 1)
-    switch = SpecSwitch.from_server_args(args)
-    assert (switch.disable_batch_size, switch.enable_batch_size) == (8, 6)  # the prior
-    args = handled_switch_args(
-        tmp_path,
-        speculative_disable_batch_size="auto",
-        speculative_auto_max_batch_size=4,
-        speculative_enable_batch_size="auto",
-    )
-    assert args.speculative_disable_batch_size == 4
-    assert SpecSwitch.from_server_args(args).disable_batch_size == 4
-    fixed = handled_switch_args(tmp_path, speculative_disable_batch_size=16)
-    assert not fixed.speculative_switch_auto and SpecSwitch.from_server_args(fixed).auto is None
-
-
-@pytest.mark.parametrize(
-    "overrides, message",
-    [
-        (
-            {"speculative_disable_batch_size": "auto", "speculative_enable_batch_size": 4},
-            "leave --speculative-enable-batch-size out or set it to auto",
-        ),
-        (
-            {"speculative_disable_batch_size": 8, "speculative_enable_batch_size": "auto"},
-            "needs --speculative-disable-batch-size auto",
-        ),
-        (
-            {"speculative_disable_batch_size": 8, "speculative_auto_max_batch_size": 32},
-            "--speculative-auto-max-batch-size needs --speculative-disable-batch-size auto",
-        ),
-        ({"speculative_disable_batch_size": "auto", "speculative_auto_max_batch_size": 0}, "must be at least 1, got 0"),
-    ],
-)
-def test_bad_auto_arguments_are_refused(tmp_path, overrides, message):
-    with pytest.raises(ValueError, match=message):
-        handled_switch_args(tmp_path, **overrides)
-
-
-def test_auto_is_a_command_line_value():
-    import argparse
-
-    from sglang.srt.server_args import ServerArgs
-
-    parser = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(parser)
-    args = parser.parse_args(["--model-path", "m", "--speculative-disable-batch-size", "auto"])
-    assert args.speculative_disable_batch_size == "auto"
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--model-path", "m", "--speculative-disable-batch-size", "many"])
-
-
 def test_learned_threshold_and_rates_reach_prometheus(rank):
     from prometheus_client import REGISTRY
 
@@ -225,86 +167,6 @@ def test_a_new_batch_size_is_measured_at_once(rank):
     serve([rank], [*warm_up, (1, 600)], gpu)
     assert serve([rank], [(10, 60)], gpu)[-1] >= 10
     assert rank.kinds[-20:].count("speculate") >= 19
-
-
-def test_the_step_before_a_catch_up_is_not_a_plain_measurement():
-    """Under the overlap scheduler the catch-up's host work is launched inside the interval of the
-    plain step before it; that step, the catch-up and the first speculative step do not count."""
-    from sglang.srt.speculative.spec_switch_auto import StepCostLearner
-
-    now = [0.0]
-    learner = StepCostLearner(64, prior=8, clock=lambda: now[0])
-    steps = [(False, 5e-3)] * 6 + [(False, 60e-3), (None, 20e-3), (True, 9e-3)] + [(True, 9e-3)] * 6
-    for forward_ct, (speculative, seconds) in enumerate(steps, 1):
-        now[0] += seconds
-        learner.observe(forward_ct, 30, 40 if speculative else 0, speculative)
-    plain, spec = learner.times[(28, False)], learner.times[(28, True)]
-    assert plain.samples == 5 and plain.median_seconds == pytest.approx(5e-3)
-    assert spec.samples == 5 and spec.median_seconds == pytest.approx(9e-3)
-    # Every speculative step counts for the acceptance, timed or not.
-    assert learner.acceptance.tokens_per_step == pytest.approx(1 + 40 / 30)
-
-
-def test_a_buckets_rates_follow_its_newest_steps_between_reads():
-    """Each bucket's summary is kept between reads (the decode log reads every bucket): a read
-    after new steps must see them, in the bucket they fell in and no other."""
-    from sglang.srt.speculative.spec_switch_auto import StepCostLearner, bucket_edges
-
-    now = [0.0]
-    learner = StepCostLearner(64, prior=8, clock=lambda: now[0])
-    forward_ct = 0
-
-    def plain_steps(batch_size: int, seconds: float, count: int) -> None:
-        nonlocal forward_ct
-        for _ in range(count):
-            now[0] += seconds
-            forward_ct += 1
-            learner.observe(forward_ct, batch_size, 0, False)
-
-    plain_steps(30, 5e-3, 12)
-    plain_steps(12, 4e-3, 12)
-    step_time = learner.times[(28, False)]
-    assert (step_time.median_seconds, step_time.batch_size, step_time.largest) == (pytest.approx(5e-3), 30, 30)
-    plain_steps(31, 9e-3, 40)  # a step is timed once the step after it is in: 39 of them
-    assert step_time.median_seconds == pytest.approx(9e-3) and step_time.largest == 31
-    assert step_time.batch_size == pytest.approx((11 * 30 + 39 * 31) / 50)
-    assert learner.times[(12, False)].median_seconds == pytest.approx(4e-3)
-    for batch_size in range(1, 65):
-        assert learner.bucket(batch_size) == max(e for e in bucket_edges(64) if e <= batch_size)
-
-
-def test_one_bucket_on_the_wrong_side_does_not_cancel_the_others():
-    """One request's poor acceptance at a batch of 1 made that bucket lose on the H200, which
-    turned speculation off at every size while larger batches still gained from it."""
-    from sglang.srt.speculative.spec_switch_auto import BucketGain, fit_threshold
-
-    def at(*measured: tuple[float, float]) -> list[BucketGain]:
-        return [BucketGain(size, math.floor(size), gain) for size, gain in measured]
-
-    assert 10 <= fit_threshold(at((1, -0.2), (5, 0.3), (10, 0.25), (30, -0.3)), prior=8) < 30
-    assert fit_threshold(at((1, -0.2), (5, -0.1)), prior=8) == 0  # where every bucket loses
-    # Past the largest batch measured, while every bucket gains: where the last two's trend
-    # crosses zero, at most a doubling further; the prior where it reaches further still.
-    assert fit_threshold(at((5, 0.3), (10, 0.05)), prior=8) == 11  # the trend crosses at 11.5
-    assert fit_threshold(at((5, 0.3), (10, 0.2)), prior=8) == 20  # ... at 40
-    assert fit_threshold(at((5, 0.3), (10, 0.3 - 1e-9)), prior=8) == 20  # ... past any float
-    assert fit_threshold(at((5, 0.2), (10, 0.3)), prior=8) == 10  # no falling trend: no guess
-    assert fit_threshold(at((5, 0.3), (12, 0.2)), prior=32) == 32
-    # The trend is the step costs': a drop in acceptance measured at 5 and not yet at 10 does
-    # not bend it outwards (the gains alone would cross at 40, past the doubling).
-    fresh, stale = math.log(2.0), math.log(2.6)
-    drop = [BucketGain(5, 5, fresh - 0.5, 1, fresh), BucketGain(10, 10, stale - 0.8, 1, stale)]
-    assert fit_threshold(drop, prior=8) == 14  # where 10's acceptance stops paying: 14.3
-    assert fit_threshold([], prior=8) == 8
-    # The largest batch measured in the last winning bucket, not its mean, bounds speculation.
-    tails = [BucketGain(5, 5, 0.3), BucketGain(29.4, 30, 0.2), BucketGain(40, 41, -0.3)]
-    assert fit_threshold(tails, prior=8) >= 30
-    assert fit_threshold(tails[:2], prior=8) == 60
-    # Weighted by the traffic's steps: a few tail steps losing at 30 do not outweigh 48 winning.
-    wave = [BucketGain(5, 5, 0.3, 50), BucketGain(30, 30, -0.1, 10), BucketGain(48, 48, 0.08, 200)]
-    assert fit_threshold([*wave, BucketGain(60, 60, -0.2, 5)], prior=8) >= 48
-    unweighted = [BucketGain(b.batch_size, b.largest, b.gain) for b in wave]
-    assert fit_threshold(unweighted, prior=8) < 30
 
 
 def test_one_poor_request_at_a_batch_of_1_does_not_stop_speculation_for_the_next(rank):
