@@ -311,7 +311,8 @@ def command(args: argparse.Namespace) -> int:
     cfgs = named or parse_configs(",".join(configs_for_tree(tree)))
     if args.repeat:
         try:
-            cfgs += [repeated(cfgs, name) for name in dict.fromkeys(args.repeat.split(","))]
+            names = dict.fromkeys(name.strip() for name in args.repeat.split(",") if name.strip())
+            cfgs += [repeated(cfgs, name) for name in names]
         except ValueError as e:
             raise BenchUsageError(str(e)) from None
     out = args.out or PROJECT_ROOT / "build" / "bench" / time.strftime("%Y%m%d-%H%M%S")

@@ -136,7 +136,7 @@ def test_repeat_serves_a_config_again_and_names_a_config_the_run_lacks(tmp_path:
 def test_repeat_serves_each_config_named_again_after_every_first_run(tmp_path: Path) -> None:
     args = ("--model", "/fake/t", "--draft-model", "/fake/d", "--configs", "nospec,spec-v2", "--concurrency", "1")
     p = run_fake_bench(
-        tmp_path, *args, "--num-requests", "1", "--max-new-tokens", "4", "--repeat", "spec-v2,nospec,spec-v2"
+        tmp_path, *args, "--num-requests", "1", "--max-new-tokens", "4", "--repeat", "spec-v2, nospec,spec-v2,"
     )
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads((tmp_path / "results.json").read_text())
