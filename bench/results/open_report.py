@@ -95,11 +95,14 @@ def markdown_lines(run: RunResults) -> list[str]:
     if not rates:
         return []
     seeds = sorted({r.seed for c in run.configs.values() for r in c.rates})
+    settle = run.meta.get("rate_settle")
+    settled = f" Each rate's first {settle} of arrivals were sent and not measured (--rate-settle)." if settle else ""
     return [
         f"Open loop: requests sent at Poisson arrivals of each rate (requests/s; inf: all at once; seed "
         f"{', '.join(map(str, seeds))}), each streamed, measured as SGLang's `bench_serving --request-rate`. "
         "Output tok/s: the completed requests' output tokens / the wall time from the first send to the "
-        f"last completion. Ratio rows: the config / the higher of its references (below {TOK_TARGET} in bold).",
+        f"last completion. Ratio rows: the config / the higher of its references (below {TOK_TARGET} in bold)."
+        + settled,
         "",
         *_table(run, rates, lambda r: f"{r.output_tok_per_s:.0f}", tok_ratios(run), off=lambda x: x < TOK_TARGET),
         "",

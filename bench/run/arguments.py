@@ -229,6 +229,15 @@ def _add_open_loop_args(ap: argparse.ArgumentParser) -> None:
         help="instead of --num-requests: send each rate's arrivals for about this many seconds "
         "(ceil(rate x seconds) requests; finite rates only)",
     )
+    ap.add_argument(
+        "--rate-settle",
+        type=_seconds,
+        default=None,
+        help="before each rate's measured requests, send this many seconds of its arrivals that are "
+        "not measured (ceil(rate x seconds) requests, the same Poisson process): the rate is then "
+        "measured in its steady state, its batch built up and a learning switch (auto) past its first "
+        "visits of the batch sizes the rate brings; every config alike (finite rates only)",
+    )
     ap.add_argument("--seed", type=int, default=None, help="the arrivals' seed, as bench_serving's --seed (default 1)")
 
 

@@ -24,6 +24,8 @@ matters, what 0.5.9's bench_serving does, and the figures keep its meaning:
 - the metrics (`calculate_metrics`): over completed requests, TTFT; TPOT = (latency - TTFT) /
   (output tokens - 1) for requests of more than one token; ITL; np.median and np.percentile(.., 99);
   output tok/s and request/s over the wall time from the first send to the last completion.
+`settle` (the sweep's --rate-settle) is ours: the rate's first requests are sent and answered but
+not measured, so that the measured ones meet the rate's steady state.
 Where we differ, bench_serving would count a failure as a success: a stream that carries SGLang's
 `{"error": ...}` chunk, or ends without a token, is an error here (bench_serving counts the latter
 as the full requested length).
@@ -143,9 +145,16 @@ def run_rate(
     seed: int = 1,
     timeout: float = 600.0,
     on_done: Callable[[int, int], None] | None = None,
+    settle: int = 0,
 ) -> RateRun:
-    """Send each prompt at Poisson arrivals of `rate` per second (open loop: no wait on the replies)."""
-    return asyncio.run(_run_rate(url, list(prompts), rate, sampling, seed, timeout, on_done))
+    """Send each prompt at Poisson arrivals of `rate` per second (open loop: no wait on the replies).
+
+    settle: the first this many prompts are sent and answered but not measured; the run's outputs
+    and duration (from the first measured send to the last completion) are the rest's.
+    """
+    if not 0 <= settle < len(prompts):
+        raise ValueError(f"settle must leave requests to measure: {settle} of {len(prompts)}")
+    return asyncio.run(_run_rate(url, list(prompts), rate, sampling, seed, timeout, on_done, settle))
 
 
 async def _run_rate(
@@ -156,6 +165,7 @@ async def _run_rate(
     seed: int,
     timeout: float,
     on_done: Callable[[int, int], None] | None,
+    settle: int,
 ) -> RateRun:
     done = 0
 
@@ -171,14 +181,16 @@ async def _run_rate(
     async with aiohttp.ClientSession(connector=connector, read_bufsize=READ_BUFSIZE) as session:
         tasks = []
         t0 = time.perf_counter()
-        for prompt, at in zip(prompts, arrival_offsets(len(prompts), rate, seed), strict=True):
+        offsets = arrival_offsets(len(prompts), rate, seed)
+        for prompt, at in zip(prompts, offsets, strict=True):
             wait = at - (time.perf_counter() - t0)
             if wait > 0:
                 await asyncio.sleep(wait)
             tasks.append(asyncio.create_task(one(session, prompt, t0)))
         outputs = list(await asyncio.gather(*tasks))
         duration = time.perf_counter() - t0
-    return RateRun(rate, seed, duration, outputs)
+    measured = outputs[settle:]
+    return RateRun(rate, seed, duration - min(o.start_time for o in measured), measured)
 
 
 def _ms(values: list[float], q: float) -> float | None:

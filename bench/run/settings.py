@@ -41,6 +41,7 @@ class RunSettings:
     request_rates: tuple[float, ...] = ()
     rate_requests: int = DEFAULT_RATE_REQUESTS  # per rate, unless rate_duration
     rate_duration: float | None = None  # seconds of arrivals per rate instead
+    rate_settle: float = 0.0  # seconds of unmeasured arrivals before each rate's measured ones
     seed: int = 1
     output_len_spread: float = 0.0  # closed loop: max_new_tokens spread (output_lengths)
 
@@ -69,6 +70,7 @@ class RunSettings:
             request_rates=tuple(rates),
             rate_requests=args.num_requests or DEFAULT_RATE_REQUESTS,
             rate_duration=args.rate_duration,
+            rate_settle=args.rate_settle or 0.0,
             seed=1 if args.seed is None else args.seed,
             output_len_spread=_output_len_spread(args.output_len_spread),
         )
@@ -90,6 +92,10 @@ class RunSettings:
         if self.rate_duration is None:
             return self.rate_requests
         return max(1, math.ceil(rate * self.rate_duration))
+
+    def settling_requests(self, rate: float) -> int:
+        """The requests sent at a rate before its measured ones (0 without --rate-settle)."""
+        return math.ceil(rate * self.rate_settle) if self.rate_settle else 0
 
     @property
     def warm_up_top(self) -> int:
@@ -115,11 +121,17 @@ def _open_loop_args(args: argparse.Namespace) -> list[float]:
     """--request-rates, checked against the options that go with it."""
     rates: list[float] = args.request_rates or []
     if not rates:
-        for flag, value in (("--rate-duration", args.rate_duration), ("--seed", args.seed)):
+        for flag, value in (
+            ("--rate-duration", args.rate_duration),
+            ("--rate-settle", args.rate_settle),
+            ("--seed", args.seed),
+        ):
             if value is not None:
                 raise BenchUsageError(
                     f"{flag} sets the open loop's arrivals: give --request-rates too, or leave it out"
                 )
+    if args.rate_settle is not None and any(math.isinf(r) for r in rates):
+        raise BenchUsageError("--rate-settle needs finite --request-rates (inf has no arrivals to settle on): drop inf")
     if args.rate_duration is not None:
         if args.num_requests is not None:
             raise BenchUsageError("--rate-duration and --num-requests both set the requests per rate: give one of them")

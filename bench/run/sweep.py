@@ -213,17 +213,18 @@ def _run_rates(name: str, url: str, settings: RunSettings, target: RunTarget, re
     """The open loop: each request rate in turn on the config's server, saving the run after each."""
     entry = results.configs[name]
     for rate in settings.request_rates:
-        n = settings.requests_for_rate(rate)
+        n, settle = settings.requests_for_rate(rate), settings.settling_requests(rate)
         client.flush_cache(url)  # as before each closed-loop level: no prefix cached from the last rate
         label = f"[{name}] rate={rate_label(rate)}/s"
-        with tqdm(total=n, desc=label, disable=not sys.stderr.isatty(), leave=False) as bar:
+        with tqdm(total=settle + n, desc=label, disable=not sys.stderr.isatty(), leave=False) as bar:
             run = open_loop.run_rate(
                 url,
-                target.prompts_for_level(n),
+                target.prompts_for_level(settle + n),
                 rate,
                 settings.sampling,
                 seed=settings.seed,
                 on_done=lambda done, _: bar.update(done - bar.n),
+                settle=settle,
             )
         rec = run.record()
         entry = results.configs[name] = replace(entry, rates=(*entry.rates, rec))
@@ -296,6 +297,7 @@ def _open_meta(settings: RunSettings) -> dict[str, Any]:
     return {
         "request_rates": ",".join(map(rate_label, settings.request_rates)),
         "rate_requests": per_rate,
+        **({"rate_settle": f"{settings.rate_settle:g} s"} if settings.rate_settle else {}),
         "seed": settings.seed,
     }
 

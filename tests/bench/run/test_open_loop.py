@@ -58,6 +58,23 @@ def test_requests_go_out_on_schedule_whatever_is_in_flight() -> None:
     assert run.duration_s >= schedule[-1] + reply
 
 
+def test_settling_requests_are_sent_and_answered_but_not_measured() -> None:
+    n, settle, rate = 12, 8, 40.0
+    with StreamingServer(first_delay=0.05) as srv:
+        run = run_rate(srv.url, ["ok"] * n, rate, SAMPLING, seed=3, settle=settle)
+        with pytest.raises(ValueError, match="settle must leave requests to measure: 12 of 12"):
+            run_rate(srv.url, ["ok"] * n, rate, SAMPLING, settle=n)
+    schedule = arrival_offsets(n, rate, seed=3)
+    assert len(srv.arrivals) == n and len(run.outputs) == n - settle
+    starts = [o.start_time for o in run.outputs]
+    assert starts == sorted(starts) and abs(starts[0] - schedule[settle]) < 0.05
+    # from the first measured send, not from the first settling one
+    assert run.duration_s < schedule[-1] - schedule[settle] + 0.5
+    assert run.duration_s >= schedule[-1] - schedule[settle] + 0.05
+    rec = run.record()
+    assert rec.requests == rec.completed == n - settle and rec.output_tokens == 10 * (n - settle)
+
+
 def test_ttft_tpot_and_itl_of_a_server_with_known_delays() -> None:
     with StreamingServer(first_delay=0.15, chunk_delay=0.01) as srv:
         rec = run_rate(srv.url, ["ok"] * 4, 20.0, {**SAMPLING, "max_new_tokens": 20}, seed=1).record()

@@ -1,5 +1,5 @@
-"""The open loop's command line (--request-rates, --rate-duration, --seed) and a run of it end to
-end against the fake server of tests/bench/data/fake_tree (CPU)."""
+"""The open loop's command line (--request-rates, --rate-duration, --rate-settle, --seed) and a run
+of it end to end against the fake server of tests/bench/data/fake_tree (CPU)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ def test_rates_alone_run_no_levels_and_with_concurrency_both() -> None:
     timed = settings("--request-rates", "2,16", "--rate-duration", "10.5")
     assert [timed.requests_for_rate(r) for r in (2.0, 3.0, 16.0, 0.01)] == [21, 32, 168, 1]
     assert timed.warm_up_top == 168
+    settled = settings("--request-rates", "2,16", "--rate-duration", "10", "--rate-settle", "2.5")
+    assert [settled.settling_requests(r) for r in (2.0, 16.0)] == [5, 40] and settled.requests_for_rate(2.0) == 20
+    assert timed.settling_requests(16.0) == 0
     assert settings("--quick").levels and settings().request_rates == ()
 
 
@@ -55,6 +58,8 @@ def test_a_bad_rate_is_refused_naming_the_flag(text: str, capsys: pytest.Capture
             "--rate-duration and --num-requests both set the requests per rate",
         ),
         (["--request-rates", "2,inf", "--rate-duration", "5"], "--rate-duration needs finite --request-rates"),
+        (["--rate-settle", "5"], "--rate-settle sets the open loop's arrivals: give --request-rates too"),
+        (["--request-rates", "2,inf", "--rate-settle", "1"], "--rate-settle needs finite --request-rates"),
     ],
 )
 def test_options_that_do_not_go_together_are_usage_errors(
@@ -94,6 +99,19 @@ def test_open_loop_against_fake_server(tmp_path: Path) -> None:
         assert all(r["completed"] == 6 and r["output_tokens"] == 48 and not r["errors"] for r in c["rates"]), name
         assert all(r["tpot_p50_ms"] > 0 and r["ttft_p50_ms"] > 0 for r in c["rates"]), name
     assert res["meta"]["request_rates"] == "40,inf" and res["meta"]["seed"] == 1
+    assert "rate_settle" not in res["meta"]
     md = (out / "results.md").read_text()
     assert "| config | 40/s | inf/s |" in md and "| switch-v1 / max(nospec) |" in md
     assert "| switch-v1 / min(nospec) |" in md
+
+
+def test_a_settled_rate_measures_only_the_requests_after_the_settling_ones(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argv = ("--model", "/fake/target", "--configs", "nospec", "--request-rates", "20", "--rate-duration", "0.3")
+    p = run_fake_bench(out, *argv, "--rate-settle", "0.2", "--max-new-tokens", "8")
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    (rate,) = res["configs"]["nospec"]["rates"]
+    assert rate["requests"] == rate["completed"] == 6 and rate["output_tokens"] == 48  # ceil(20 x 0.3)
+    assert res["meta"]["rate_settle"] == "0.2 s"
+    assert "Each rate's first 0.2 s of arrivals were sent and not measured" in (out / "results.md").read_text()
