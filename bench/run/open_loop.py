@@ -181,8 +181,7 @@ async def _run_rate(
     async with aiohttp.ClientSession(connector=connector, read_bufsize=READ_BUFSIZE) as session:
         tasks = []
         t0 = time.perf_counter()
-        offsets = arrival_offsets(len(prompts), rate, seed)
-        for prompt, at in zip(prompts, offsets, strict=True):
+        for prompt, at in zip(prompts, arrival_offsets(len(prompts), rate, seed), strict=True):
             wait = at - (time.perf_counter() - t0)
             if wait > 0:
                 await asyncio.sleep(wait)
