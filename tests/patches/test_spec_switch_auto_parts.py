@@ -145,3 +145,75 @@ def test_one_bucket_on_the_wrong_side_does_not_cancel_the_others():
     assert fit_threshold([*wave, BucketGain(60, 60, -0.2, 5)], prior=8) >= 48
     unweighted = [BucketGain(b.batch_size, b.largest, b.gain) for b in wave]
     assert fit_threshold(unweighted, prior=8) < 30
+
+
+def test_speculation_surely_pays_where_it_beats_a_smaller_batchs_plain_step():
+    """A plain step costs no less at a larger batch, a speculative step no more per request:
+    where a bucket's speculative steps beat the plain steps measured at a batch of 1 by 10%, no
+    plain step of its own can beat them, nor can one at a larger batch until its speculative
+    step, grown with the batch, would stop beating that plain step."""
+    from sglang.srt.speculative.spec_switch_auto import SURE_MARGIN, StepCostLearner
+
+    now = [0.0]
+    learner = StepCostLearner(64, prior=8, clock=lambda: now[0])
+    forward_ct = 0
+
+    def steps(batch_size: int, speculative: bool, seconds: float, count: int = 8) -> None:
+        nonlocal forward_ct
+        forward_ct += 1  # a prefill between: each run is timed on its own
+        for _ in range(count):
+            now[0] += seconds
+            forward_ct += 1
+            learner.observe(forward_ct, batch_size, 2 * batch_size if speculative else 0, speculative)
+
+    def spec_seconds(batch_size: int) -> float:  # at 3 tokens a step
+        return 8.2e-3 + 2e-4 * batch_size
+
+    def headroom(batch_size: int) -> float:
+        return 3 * 5e-3 / spec_seconds(batch_size) / (1 + SURE_MARGIN)
+
+    for batch_size in (2, 4, 16, 24, 32):
+        steps(batch_size, True, spec_seconds(batch_size))
+    assert learner.surely_speculates_up_to() == 0  # no plain step measured at a batch of 1
+    steps(1, True, spec_seconds(1))
+    steps(1, False, 5e-3)
+    assert headroom(32) < 1 < headroom(24)
+    # 3, 5-15 and 17-23 never ran; past 24, up to where its step grown with the batch loses.
+    assert learner.surely_speculates_up_to() == math.floor(24 * headroom(24)) == 25
+    assert [bucket.lower for bucket in learner.buckets()] == [1]  # the rates /metrics shows
+    assert learner.threshold(8) == 25
+    # A bucket's own plain steps, where cheaper than the bound, count: the range ends below it.
+    steps(16, False, 3e-3)
+    assert learner.surely_speculates_up_to() == math.floor(4 * headroom(4)) == 6
+    # The scan goes from a batch of 1: a sure bucket above one that is not does not count.
+    learner = StepCostLearner(64, prior=8, clock=lambda: now[0])
+    steps(1, True, 30e-3)
+    steps(1, False, 5e-3)
+    steps(2, True, spec_seconds(2))
+    assert learner.surely_speculates_up_to() == 0
+
+
+def test_a_fresh_h100s_first_buckets_take_the_threshold_past_them():
+    """GPU 17's open loop at 4 requests/s had measured buckets 1, 2, 8 and 10 (speculative steps
+    1.6-1.7x a plain step's tokens), whose step costs did not worsen from 8 to 10 within the
+    noise: the threshold stopped at 10 and batches of 11-14 decoded plain, 16% of the rate's
+    steps. By the bounds on step costs speculation surely pays up to 13 (bucket 10's speculative
+    step, grown with the batch, against its plain one), and where it speculates it is measured."""
+    from sglang.srt.speculative.spec_switch_auto import StepCostLearner
+
+    now = [0.0]
+    learner = StepCostLearner(64, prior=8, clock=lambda: now[0])
+    forward_ct = 0
+    # (batch, speculative step, plain step) in seconds, from the rates the server logged.
+    measured = [(1, 8.89e-3, 5.99e-3), (2, 8.94e-3, 6.01e-3), (8, 9.36e-3, 5.71e-3), (10, 9.91e-3, 6.22e-3)]
+    for batch_size, spec, plain in measured:
+        for speculative, seconds in ((True, spec), (False, plain)):
+            forward_ct += 1
+            for _ in range(8):
+                now[0] += seconds
+                forward_ct += 1
+                # 2.5 tokens a step: 1.5 drafts a request accepted, alternately 1 and 2 at a batch of 1
+                accepted = (1 + forward_ct % 2) if batch_size == 1 else 3 * batch_size // 2
+                learner.observe(forward_ct, batch_size, accepted if speculative else 0, speculative)
+    assert [bucket.lower for bucket in learner.buckets()] == [1, 2, 8, 10]
+    assert learner.threshold(10) == learner.surely_speculates_up_to() == 13
