@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from bench.configs import declared_references
+from bench.results import plot
 from bench.results.analysis import best_of_ratios
 from bench.results.open_records import OpenRateRecord, rate_label
 from bench.results.records import ConfigRecord, RunResults
@@ -179,6 +180,6 @@ def write_plot(run: RunResults, path: Path) -> Path | None:
     axes[0].legend()
     fig.suptitle(run.meta.get("title") or "open loop")
     fig.tight_layout()
-    fig.savefig(path)
+    plot.save_png(fig, path)
     plt.close(fig)
     return path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,21 @@ def write_throughput_plot(run: RunResults, analysis: Analysis, path: Path) -> Pa
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
+    save_png(fig, path)
     plt.close(fig)
     return path
+
+
+def save_png(fig: Any, path: Path) -> None:
+    """A figure as a 256-colour PNG: a third of the bytes of matplotlib's RGBA one, so the plots kept
+    in docs/ stay within its size budget (a line plot has far fewer colours than that)."""
+    from PIL import Image  # matplotlib's own dependency
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    buffer.seek(0)
+    with Image.open(buffer) as image:
+        image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
 
 
 def concurrency_axis(ax: Any, levels: list[int]) -> None:

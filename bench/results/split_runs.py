@@ -144,7 +144,7 @@ def write_plot(parts: Sequence[Part], path: Path, title: str) -> Path | None:
     axes[0].legend(fontsize=7)
     fig.suptitle(textwrap.fill(title, 120), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path)
+    plot.save_png(fig, path)
     plt.close(fig)
     return path
 

@@ -132,15 +132,19 @@ def test_the_plot_draws_each_config_against_the_rates_in_order(tmp_path: Path, m
     each config's points at the rates' places, inf last; the figure saved to the path."""
     from unittest import mock
 
+    Image = pytest.importorskip("PIL.Image")
+
     plt = mock.MagicMock()
     axes = [mock.MagicMock() for _ in open_report.PANELS]
-    plt.subplots.return_value = (mock.MagicMock(), axes)
+    fig = mock.MagicMock()
+    fig.savefig.side_effect = lambda out, format: Image.new("RGB", (4, 4)).save(out, format=format)
+    plt.subplots.return_value = (fig, axes)
     mpl = mock.MagicMock(pyplot=plt)
     monkeypatch.setitem(sys.modules, "matplotlib", mpl)
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", plt)
     path = tmp_path / "open-loop.png"
     assert open_report.write_plot(open_run(), path) == path
-    plt.subplots.return_value[0].savefig.assert_called_once_with(path)
+    assert fig.savefig.call_count == 1 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     tok = {c.kwargs["label"]: c.args for c in axes[0].plot.call_args_list}
     assert tok["nospec"] == ((0, 1, 2), (1000, 4000, 9000)) and tok["switch-v2"] == ((0, 1, 2), (1090, 3800, 8900))
     tpot = {c.kwargs["label"]: c.args for c in axes[1].plot.call_args_list}
