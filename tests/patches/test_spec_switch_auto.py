@@ -81,9 +81,9 @@ def test_probing_is_bounded(rank):
     steps = 6000
     serve([rank], [(60, steps // 2), (2, steps // 2)], gpu)
     probes = rank.switch.auto.probes.probe_steps
-    first_visits = rank.switch.auto.cold_probed
+    first_visits = rank.switch.auto.first_visit_bursts
     assert len(first_visits) <= 2  # one bucket in each mode: 2 and 56-63
-    assert 0 < probes <= PROBE_SHARE * steps + 2 * PROBE_STEPS + PROBE_STEPS * len(first_visits)
+    assert 0 < probes <= PROBE_SHARE * steps + 2 * PROBE_STEPS + PROBE_STEPS * sum(first_visits.values())
 
 
 def test_probing_spends_a_bounded_share_of_the_time_where_catch_ups_are_dear(tmp_path, monkeypatch, caplog):

@@ -135,3 +135,19 @@ def test_a_fresh_server_pays_for_its_first_visits_at_the_first_rates(tmp_path, m
         plain = auto.kinds.count("plain")
         assert plain <= plain_share * len(auto.kinds) and plain - auto.probe_steps <= 0.02 * len(auto.kinds)
         assert auto.seconds_per_token <= bound * best.seconds_per_token
+
+
+def test_a_fresh_server_keeps_speculating_as_the_batch_climbs_at_16_per_second(tmp_path, monkeypatch):
+    """The third rate of the fresh server (crossover 52): the batch climbs past the threshold
+    learnt at 4 and 8/s into buckets never speculated at, where prefills cut most speculative
+    steps' timing. With one first-visit burst there, those buckets stayed unmeasured and the
+    traffic decoded plain: 1.03, 1.09, 1.05, 1.11 of always speculating over seeds 0-3 (mean
+    1.07); with up to three, 1.00, 1.05, 1.00, 1.04."""
+    from sglang.srt.speculative.spec_switch import SpecSwitch
+
+    ratios = []
+    for seed in range(4):
+        always = ascending(tmp_path / f"always-{seed}", monkeypatch, (4, 8, 16), seed, SpecSwitch(10**6, 10**6))
+        learned = ascending(tmp_path / f"auto-{seed}", monkeypatch, (4, 8, 16), seed)
+        ratios.append(learned[-1].seconds_per_token / always[-1].seconds_per_token)
+    assert statistics.fmean(ratios) <= 1.04, ratios

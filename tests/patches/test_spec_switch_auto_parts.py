@@ -217,3 +217,26 @@ def test_a_fresh_h100s_first_buckets_take_the_threshold_past_them():
                 learner.observe(forward_ct, batch_size, accepted if speculative else 0, speculative)
     assert [bucket.lower for bucket in learner.buckets()] == [1, 2, 8, 10]
     assert learner.threshold(10) == learner.surely_speculates_up_to() == 13
+
+
+@pytest.mark.parametrize("prefill_every, bursts", [(0, 1), (2, 3)])
+def test_a_first_visit_while_off_probes_speculation_until_it_is_timed(prefill_every, bursts):
+    """Off at a batch of 40, never speculated there, the probe share spent: the first visit
+    probes speculation at once. With no prefill between the steps one burst times enough of them;
+    with one after every second step (an open loop at 16 requests/s) none is timed, and the
+    visit probes again, up to three bursts (one before: the bucket stayed unmeasured, the
+    threshold below it, and the traffic plain until the 2% share came round)."""
+    from sglang.srt.speculative.spec_switch_auto import PROBE_STEPS, AutoThreshold
+
+    now = [0.0]
+    auto = AutoThreshold(64, clock=lambda: now[0])
+    auto.probes.charge(2 * PROBE_STEPS)  # as a probe's catch-up does
+    forward_ct, spec_steps = 0, 0
+    for step in range(100):
+        forward_ct += 1 + (prefill_every > 0 and step % prefill_every == 0)
+        speculative = auto.mode(40, speculating=False)
+        now[0] += 12e-3 if speculative else 7e-3
+        auto.learner.observe(forward_ct, 40, 60 if speculative else 0, speculative)
+        spec_steps += speculative
+    assert spec_steps == bursts * PROBE_STEPS
+    assert auto.learner.measured(40, True) == (prefill_every == 0)
