@@ -5,8 +5,9 @@
 config and level: the steady decode intervals at a batch of C (the level's step cost), the
 intervals that follow a prefill at that batch (which hold the wave boundaries), the decode lines
 at smaller batches (a wave that filled slowly), the prefill batches with their new and cached
-tokens, and the switch's turns. It is the decomposition docs/measurements.md did by hand for the
-levels that missed. SGLang logs a decode line every `--decode-log-interval` steps (40 by default),
+tokens, the switch's turns, and what each prefill batch added to an interval at C beyond a steady
+one of the same kind of step (plain or speculative: a speculating server's prefill carries the
+draft's). It is the decomposition docs/measurements.md did by hand for the levels that missed. SGLang logs a decode line every `--decode-log-interval` steps (40 by default),
 and its `gen throughput` counts the tokens the interval's steps gave (accept len per request on a
 speculative step, one on a plain one), so an interval's seconds are steps x C x tokens per request
 and step / its `gen throughput`; for an interval that holds a wave boundary this overstates the
@@ -31,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import BenchUsageError
-from bench.results.decode_rate import intervals
-from bench.results.logparse import before_profile, parse_log
+from bench.results.decode_rate import Interval, intervals
+from bench.results.logparse import DecodeLine, before_profile, parse_log
 from bench.results.records import read_results
 
 FLUSHED = "Cache flushed successfully"
@@ -52,6 +53,10 @@ class LevelLog:
     new_tokens: int
     cached_tokens: int
     turns: tuple[tuple[str, int], ...]  # the switch's ("ON"|"OFF", batch size), in order
+    # What each prefill batch added to an interval at bs = C (after a line at C), beyond the median
+    # steady interval of the same kind of step: seconds per prefill batch, plain and speculative.
+    plain_per_prefill_s: tuple[float, ...] = ()
+    spec_per_prefill_s: tuple[float, ...] = ()
 
 
 def level_parts(text: str, count: int) -> list[str]:
@@ -86,12 +91,14 @@ def level_log(part: str, concurrency: int, steps_per_line: int, first: bool = Fa
     the level before it, as any wave boundary does."""
     rank0 = parse_log(part).get(0)
     decode = rank0.decode[1 if first else 0 :] if rank0 else []
+    ivs = intervals(decode, from_start=False)
     # (seconds of the interval, whether it held decode steps only) of each line at bs = C
     at_c = [
         (steps_per_line * concurrency * iv.tokens_per_request / iv.tok_per_s, iv.steady)
-        for iv in intervals(decode, from_start=False)
+        for iv in ivs
         if iv.batch_size == concurrency and iv.tok_per_s
     ]
+    per_prefill = _per_prefill_batch(decode, ivs, concurrency, steps_per_line)
     prefills = _prefill_batches(part)
     return LevelLog(
         concurrency=concurrency,
@@ -102,7 +109,33 @@ def level_log(part: str, concurrency: int, steps_per_line: int, first: bool = Fa
         new_tokens=sum(int(m.group("new")) for m in prefills),
         cached_tokens=sum(int(m.group("cached")) for m in prefills),
         turns=tuple(rank0.events) if rank0 else (),
+        plain_per_prefill_s=per_prefill[False],
+        spec_per_prefill_s=per_prefill[True],
     )
+
+
+def _per_prefill_batch(
+    decode: list[DecodeLine], ivs: list[Interval], concurrency: int, steps_per_line: int
+) -> dict[bool, tuple[float, ...]]:
+    """Per kind of step (speculative or not): each interval at bs = C that followed a line at C, ran
+    one kind of step and held prefill batches, less the median steady interval of that kind, per
+    prefill batch. What a lone prefill costs a server decoding at C (its own prefill and, on a
+    speculative server, the draft's), measured the same way for every server."""
+    timed = [
+        (iv.spec_steps > 0, steps_per_line * concurrency * iv.tokens_per_request / iv.tok_per_s, line.prefills)
+        for before, line, iv in zip(decode, decode[1:], ivs[1:], strict=False)
+        if before.batch_size == line.batch_size == concurrency
+        and iv.tok_per_s
+        and not (iv.spec_steps and iv.plain_steps)
+    ]
+    out: dict[bool, tuple[float, ...]] = {}
+    for speculative in (False, True):
+        steady = [s for kind, s, n in timed if kind == speculative and not n]
+        base = statistics.median(steady) if steady else None
+        out[speculative] = tuple(
+            (s - base) / n for kind, s, n in timed if kind == speculative and n and base is not None
+        )
+    return out
 
 
 def markdown(config: str, levels: list[LevelLog], steps_per_line: int) -> list[str]:
@@ -110,19 +143,25 @@ def markdown(config: str, levels: list[LevelLog], steps_per_line: int) -> list[s
         f"`{config}`:",
         "",
         f"| C | steady {steps_per_line}-step intervals at bs = C: n, median s | after a prefill, s | "
-        "decode lines below C (least bs) | prefill batches: n, new / cached tokens | switch turns |",
-        "|---|---|---|---|---|---|",
+        "decode lines below C (least bs) | prefill batches: n, new / cached tokens | switch turns | "
+        "per prefill batch beyond a steady interval, median ms (n): plain / speculative |",
+        "|---|---|---|---|---|---|---|",
     ]
     for lv in levels:
         steady = f"{len(lv.steady_s)}, {statistics.median(lv.steady_s):.4f}" if lv.steady_s else "0"
         after = ", ".join(f"{s:.3f}" for s in lv.after_prefill_s)
         smaller = f"{len(lv.smaller_batches)} ({min(lv.smaller_batches)})" if lv.smaller_batches else "0"
         turns = ", ".join(f"{d} at {bs}" for d, bs in lv.turns)
+        per_prefill = " / ".join(_median_ms(v) for v in (lv.plain_per_prefill_s, lv.spec_per_prefill_s))
         out.append(
             f"| {lv.concurrency} | {steady} | {after} | {smaller} | "
-            f"{lv.prefills}, {lv.new_tokens} / {lv.cached_tokens} | {turns} |"
+            f"{lv.prefills}, {lv.new_tokens} / {lv.cached_tokens} | {turns} | {per_prefill} |"
         )
     return out + [""]
+
+
+def _median_ms(seconds: tuple[float, ...]) -> str:
+    return f"{statistics.median(seconds) * 1000:.1f} ({len(seconds)})" if seconds else "-"
 
 
 def read_log(logs: Path, config: str) -> str:

@@ -82,6 +82,8 @@ class DecodeLine:
     # The switch's cumulative step counters as the line prints them (None: a server without the switch);
     # two lines' difference tells the kinds of step between them.
     counters: Counters | None = None
+    # Prefill batches the rank ran since its previous decode line (their time is in this line's interval).
+    prefills: int = 0
 
 
 @dataclass
@@ -122,10 +124,11 @@ def captured_graph_sets(text: str, rank: int = 0) -> list[GraphSet]:
 def parse_log(text: str) -> dict[int, RankLog]:
     ranks: dict[int, RankLog] = {}
     state: dict[int, bool | None] = {}
-    prefilled: set[int] = set()  # ranks that ran a prefill since their last decode line
+    prefilled: dict[int, int] = {}  # prefill batches each rank ran since its last decode line
     for line in text.splitlines():
         if "Prefill batch" in line:
-            prefilled.add(rank_of(line))
+            r = rank_of(line)
+            prefilled[r] = prefilled.get(r, 0) + 1
             continue
         if "spec" not in line.lower() and "Decode batch" not in line:
             continue
@@ -153,8 +156,8 @@ def parse_log(text: str) -> dict[int, RankLog]:
             a = _ACCEPT_LEN.search(line)
             on = own_state if own_state is not None else state.get(r)
             bs = int(d_m.group("bs"))
-            steady = bool(rl.decode) and rl.decode[-1].batch_size == bs and r not in prefilled
-            prefilled.discard(r)
+            prefills = prefilled.pop(r, 0)
+            steady = bool(rl.decode) and rl.decode[-1].batch_size == bs and not prefills
             rl.decode.append(
                 DecodeLine(
                     r,
@@ -166,6 +169,7 @@ def parse_log(text: str) -> dict[int, RankLog]:
                     steady,
                     float(a.group("a")) if a else None,
                     own_counters,
+                    prefills,
                 )
             )
         if own_state is not None:

@@ -116,13 +116,21 @@ def test_the_steps_per_line_come_from_the_runs_extra_flags(capsys: pytest.Captur
     assert "| 30 | 73, 0.2022 |" in capsys.readouterr().out
 
 
-def _decode_line(spec: int, plain: int, accept_len: float | None) -> str:
+def _decode_line(
+    spec: int, plain: int, accept_len: float | None, tok_per_s: float = 7500.0, batch_size: int = 30
+) -> str:
     accepted = f"accept len: {accept_len:.2f}, " if accept_len is not None else ""
     return (
-        f"[2026-12-04 20:01:11] Decode batch, #running-req: 30, #token: 4483, token usage: 0.01, {accepted}"
-        f"spec-switch: on=True spec_steps={spec} fallback_steps={plain} switches=1 threshold=30/22 probe_steps=0, "
-        "cuda graph: True, gen throughput (token/s): 7500.00, #queue-req: 0"
+        f"[2026-12-04 20:01:11] Decode batch, #running-req: {batch_size}, #token: 4483, token usage: 0.01, "
+        f"{accepted}spec-switch: on=True spec_steps={spec} fallback_steps={plain} switches=1 threshold=30/22 "
+        f"probe_steps=0, cuda graph: True, gen throughput (token/s): {tok_per_s:.2f}, #queue-req: 0"
     )
+
+
+PREFILL = (
+    "[2026-12-04 20:01:11] Prefill batch, #new-seq: 1, #new-token: 40, #cached-token: 0, token usage: 0.01, "
+    "#running-req: 29, #queue-req: 0, input throughput (token/s): 900.00, cuda graph: False"
+)
 
 
 def test_a_speculative_interval_counts_the_tokens_its_steps_accepted(capsys: pytest.CaptureFixture[str]) -> None:
@@ -162,3 +170,40 @@ def test_a_log_without_a_part_per_level_counts_no_prefill_batches() -> None:
     assert (
         boundaries.prefill_batches_by_level("Prefill batch, #new-seq: 1, #new-token: 5, #cached-token: 0\n", 1) is None
     )
+
+
+def test_each_prefill_batch_is_charged_what_it_added_to_a_steady_interval_of_its_kind(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An interval at bs = C (after a line at C) that held prefill batches, less the median steady
+    interval of its kind of step, per prefill batch; mixed intervals and batch changes left out."""
+    text = "\n".join(
+        [
+            _decode_line(10, 0, 2.0),  # the part's first line: its interval reaches before the part
+            _decode_line(20, 0, 2.0),  # steady speculative: 10 x 30 x 2.0 / 7500 = 0.080 s
+            _decode_line(30, 0, 2.0, 6000.0),  # steady: 0.100 s; the median of both 0.090 s
+            PREFILL,
+            PREFILL,
+            _decode_line(40, 0, 2.0, 3000.0),  # 0.200 s with two prefills: (0.200 - 0.090) / 2
+            _decode_line(40, 10, None),  # steady plain: 10 x 30 / 7500 = 0.040 s
+            PREFILL,
+            _decode_line(40, 20, None, 5000.0),  # 0.060 s with one: 0.020
+            PREFILL,
+            _decode_line(45, 25, 2.0, 1000.0),  # both kinds of step: left out
+            _decode_line(45, 35, None, batch_size=20),
+            PREFILL,
+            _decode_line(45, 45, None, 1000.0),  # after a line at another batch size: left out
+        ]
+    )
+    assert [d.prefills for d in logparse.parse_log(text)[0].decode] == [0, 0, 0, 2, 0, 1, 1, 0, 1]
+    level = boundaries.level_log(text, 30, 10)
+    assert level.spec_per_prefill_s == pytest.approx((0.055,))
+    assert level.plain_per_prefill_s == pytest.approx((0.020,))
+    assert boundaries.markdown("switch", [level], 10)[-2].endswith("| 20.0 (1) / 55.0 (1) |")
+    # The H100's varied-length run: a lone prefill cost a plain server 24.7 ms at C=30 and the
+    # switch, speculating there, 34.5 ms (docs/measurements.md, 2026-12-05).
+    run = SWEEP.parent / "h100-auto" / "spread"
+    assert main(["boundaries", str(run), "--logs", str(run / "logs.tar.xz")]) == 0
+    out = capsys.readouterr().out
+    assert "| 24.7 (49) / - |" in out.split("`switch-v2-auto`:")[0]
+    assert "| - / 34.5 (18) |" in out.split("`switch-v2-auto`:")[1]
