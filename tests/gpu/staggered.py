@@ -22,9 +22,25 @@ from gpu_harness import SUMMARY
 REQUESTS = 3 * H.DISABLE // 2
 
 
+def max_new_tokens(requests: int = REQUESTS) -> list[int]:
+    """Each request's length, the shortest first."""
+    return [24 + 16 * i for i in range(requests)]
+
+
+def behind_when_back(on_at: int, requests: int = REQUESTS) -> list[int]:
+    """Positions each request still running decoded while off, at the step where the batch has
+    fallen to `on_at` (speculation back on): every request ends on the step of its length."""
+    lengths = max_new_tokens(requests)
+    back_at = lengths[requests - on_at - 1]  # the step on which the batch falls to on_at
+    return [back_at for length in lengths if length > back_at]
+
+
 def context(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
     prompts = [f"Request {i}. {p}" for i, p in enumerate(client.load_prompts()[:REQUESTS])]
-    lengths = {p: {"sampling_params": {**H.GREEDY, "max_new_tokens": 24 + 16 * i}} for i, p in enumerate(prompts)}
+    lengths = {
+        p: {"sampling_params": {**H.GREEDY, "max_new_tokens": n}}
+        for p, n in zip(prompts, max_new_tokens(len(prompts)), strict=True)
+    }
     return {
         "tree": sgl_tree,
         "logs": log_dir,

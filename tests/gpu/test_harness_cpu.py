@@ -12,6 +12,7 @@ from bench.run.client import Result
 
 import gpu_harness as H
 import greedy_compare as G
+import staggered as S
 
 
 def _run(results: list[Result]) -> H.Run:
@@ -99,3 +100,14 @@ def test_adaptive_state_switches_are_read_in_order_from_the_log() -> None:
     )
     assert H.adaptive_state_switches(log) == ["steps 3 -> 0, draft_tokens 4 -> 1", "steps 0 -> 3, draft_tokens 1 -> 4"]
     assert H.adaptive_state_switches("Decode batch, #running-req: 30\n") == []
+
+
+@pytest.mark.parametrize("on_at", [H.ENABLE, H.DISABLE], ids=["switch", "adaptive-tiers"])
+def test_the_staggered_load_has_requests_behind_when_speculation_returns(on_at: int) -> None:
+    """The catch-up tests' load starts above the off threshold and, when the batch has fallen to
+    where speculation returns (the switch's M; the adaptive tiers' N, steps=0 above it), still
+    runs requests whose draft is tens of positions behind."""
+    assert S.REQUESTS > H.DISABLE
+    behind = S.behind_when_back(on_at)
+    assert len(behind) == on_at and min(behind) >= 24
+    assert S.behind_when_back(2, requests=4) == [40, 40]
