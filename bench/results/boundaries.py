@@ -7,8 +7,8 @@ intervals that follow a prefill at that batch (which hold the wave boundaries), 
 at smaller batches (a wave that filled slowly), the prefill batches with their new and cached
 tokens, the switch's turns, and what each prefill batch added to an interval at C beyond a steady
 one of the same kind of step (plain or speculative: a speculating server's prefill carries the
-draft's). It is the decomposition docs/measurements.md did by hand for the levels that missed. SGLang logs a decode line every `--decode-log-interval` steps (40 by default),
-and its `gen throughput` counts the tokens the interval's steps gave (accept len per request on a
+draft's). It is the decomposition docs/measurements.md did by hand for the levels that missed.
+SGLang logs a decode line every `--decode-log-interval` steps (40 by default), and its `gen throughput` counts the tokens the interval's steps gave (accept len per request on a
 speculative step, one on a plain one), so an interval's seconds are steps x C x tokens per request
 and step / its `gen throughput`; for an interval that holds a wave boundary this overstates the
 time, as some of its steps ran at a smaller batch, alike on every server of the run. (Until
