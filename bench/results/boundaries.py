@@ -1,18 +1,19 @@
 """Where a level's time went between its full-batch decode steps, from a server's own log.
 
 `python -m bench boundaries RUN [--logs DIR|TGZ]` reads a run's results.json and its servers' logs
-(a folder, or the packed .tgz the GPU machine's script sends back) and prints, per
-config and level: the steady decode intervals at a batch of C (the level's step cost), the
-intervals that follow a prefill at that batch (which hold the wave boundaries), the decode lines
-at smaller batches (a wave that filled slowly), the prefill batches with their new and cached
-tokens, the switch's turns, and what each prefill batch added to an interval at C beyond a steady
-one of the same kind of step (plain or speculative: a speculating server's prefill carries the
-draft's). It is the decomposition docs/measurements.md did by hand for the levels that missed.
-SGLang logs a decode line every `--decode-log-interval` steps (40 by default), and its `gen throughput` counts the tokens the interval's steps gave (accept len per request on a
-speculative step, one on a plain one), so an interval's seconds are steps x C x tokens per request
-and step / its `gen throughput`; for an interval that holds a wave boundary this overstates the
-time, as some of its steps ran at a smaller batch, alike on every server of the run. (Until
-2026-12-04 the speculative steps' accept len was left out, which understated their intervals by it.)
+(a folder, or the packed .tgz the GPU machine's script sends back) and prints, per config and level:
+the steady decode intervals at a batch of C (the level's step cost), the intervals that follow a
+prefill at that batch (which hold the wave boundaries), the decode lines at smaller batches (a wave
+that filled slowly), the prefill batches with their new and cached tokens, the switch's turns, and
+what each prefill batch added to an interval at C beyond a steady one of the same kind of step
+(plain or speculative: a speculating server's prefill carries the draft's). It is the decomposition
+docs/measurements.md did by hand for the levels that missed. SGLang logs a decode line every
+`--decode-log-interval` steps (40 by default), and its `gen throughput` counts the tokens the
+interval's steps gave (accept len per request on a speculative step, one on a plain one), so an
+interval's seconds are steps x C x tokens per request and step / its `gen throughput`; for an
+interval that holds a wave boundary this overstates the time, as some of its steps ran at a smaller
+batch, alike on every server of the run. (Until 2026-12-04 the speculative steps' accept len was
+left out, which understated their intervals by it.)
 
 The bench flushes the server's cache before each level, and the server logs each flush: the log
 between two flushes is one level (the warm-up before the first is dropped, and so is the first
