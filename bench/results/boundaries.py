@@ -95,7 +95,7 @@ def level_log(part: str, concurrency: int, steps_per_line: int, first: bool = Fa
     ivs = intervals(decode, from_start=False)
     # (seconds of the interval, whether it held decode steps only) of each line at bs = C
     at_c = [
-        (steps_per_line * concurrency * iv.tokens_per_request / iv.tok_per_s, iv.steady)
+        (_seconds(iv, concurrency, steps_per_line), iv.steady)
         for iv in ivs
         if iv.batch_size == concurrency and iv.tok_per_s
     ]
@@ -115,6 +115,12 @@ def level_log(part: str, concurrency: int, steps_per_line: int, first: bool = Fa
     )
 
 
+def _seconds(iv: Interval, concurrency: int, steps_per_line: int) -> float:
+    """The interval's duration: its tokens (steps x C x tokens per request and step) / its rate."""
+    assert iv.tok_per_s
+    return steps_per_line * concurrency * iv.tokens_per_request / iv.tok_per_s
+
+
 def _per_prefill_batch(
     decode: list[DecodeLine], ivs: list[Interval], concurrency: int, steps_per_line: int
 ) -> dict[bool, tuple[float, ...]]:
@@ -123,7 +129,7 @@ def _per_prefill_batch(
     prefill batch. What a lone prefill costs a server decoding at C (its own prefill and, on a
     speculative server, the draft's), measured the same way for every server."""
     timed = [
-        (iv.spec_steps > 0, steps_per_line * concurrency * iv.tokens_per_request / iv.tok_per_s, line.prefills)
+        (iv.spec_steps > 0, _seconds(iv, concurrency, steps_per_line), line.prefills)
         for before, line, iv in zip(decode, decode[1:], ivs[1:], strict=False)
         if before.batch_size == line.batch_size == concurrency
         and iv.tok_per_s
@@ -133,8 +139,8 @@ def _per_prefill_batch(
     for speculative in (False, True):
         steady = [s for kind, s, n in timed if kind == speculative and not n]
         base = statistics.median(steady) if steady else None
-        out[speculative] = tuple(
-            (s - base) / n for kind, s, n in timed if kind == speculative and n and base is not None
+        out[speculative] = (
+            () if base is None else tuple((s - base) / n for kind, s, n in timed if kind == speculative and n)
         )
     return out
 
