@@ -264,7 +264,7 @@ def test_a_new_batch_size_speculates_as_soon_as_its_first_visit_is_measured(rank
     before it moved to 30 (two of the level's nine steady intervals, the median's low end). A
     bucket newly measured in a mode is estimated at once: after the burst, the plain steps that
     measure the other side (the first after a change of kind does not count) and no more."""
-    from sglang.srt.speculative.spec_switch_auto import MIN_SAMPLES
+    from sglang.srt.speculative.spec_switch_costs import MIN_SAMPLES
 
     gpu = SimulatedGpu(accept_length=2.8)
     serve([rank], [step for c in (1, 2, 5, 10) for step in _bench_level(c)], gpu)

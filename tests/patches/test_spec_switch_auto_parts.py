@@ -1,5 +1,6 @@
-"""The auto switch's parts on their own (0014): its arguments, and the learner's step costs and
-threshold fit on steps and gains given directly (the serving tests are test_spec_switch_auto.py)."""
+"""The auto switch's parts on their own (0014): its arguments, and the learner's step costs
+(spec_switch_costs) and threshold fit (spec_switch_fit) on steps and gains given directly (the
+serving tests are test_spec_switch_auto.py)."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def test_auto_is_a_command_line_value():
 def test_the_step_before_a_catch_up_is_not_a_plain_measurement():
     """Under the overlap scheduler the catch-up's host work is launched inside the interval of the
     plain step before it; that step, the catch-up and the first speculative step do not count."""
-    from sglang.srt.speculative.spec_switch_auto import StepCostLearner
+    from sglang.srt.speculative.spec_switch_costs import StepCostLearner
 
     now = [0.0]
     learner = StepCostLearner(64, prior=8, clock=lambda: now[0])
@@ -88,7 +89,7 @@ def test_the_step_before_a_catch_up_is_not_a_plain_measurement():
 def test_a_buckets_rates_follow_its_newest_steps_between_reads():
     """Each bucket's summary is kept between reads (the decode log reads every bucket): a read
     after new steps must see them, in the bucket they fell in and no other."""
-    from sglang.srt.speculative.spec_switch_auto import StepCostLearner, bucket_edges
+    from sglang.srt.speculative.spec_switch_costs import StepCostLearner, bucket_edges
 
     now = [0.0]
     learner = StepCostLearner(64, prior=8, clock=lambda: now[0])
@@ -116,7 +117,7 @@ def test_a_buckets_rates_follow_its_newest_steps_between_reads():
 def test_one_bucket_on_the_wrong_side_does_not_cancel_the_others():
     """One request's poor acceptance at a batch of 1 made that bucket lose on the H200, which
     turned speculation off at every size while larger batches still gained from it."""
-    from sglang.srt.speculative.spec_switch_auto import BucketGain, fit_threshold
+    from sglang.srt.speculative.spec_switch_fit import BucketGain, fit_threshold
 
     def at(*measured: tuple[float, float]) -> list[BucketGain]:
         return [BucketGain(size, math.floor(size), gain) for size, gain in measured]
@@ -152,7 +153,8 @@ def test_speculation_surely_pays_where_it_beats_a_smaller_batchs_plain_step():
     where a bucket's speculative steps beat the plain steps measured at a batch of 1 by 10%, no
     plain step of its own can beat them, nor can one at a larger batch until its speculative
     step, grown with the batch, would stop beating that plain step."""
-    from sglang.srt.speculative.spec_switch_auto import SURE_MARGIN, StepCostLearner
+    from sglang.srt.speculative.spec_switch_costs import SURE_MARGIN, StepCostLearner
+    from sglang.srt.speculative.spec_switch_fit import learned_threshold
 
     now = [0.0]
     learner = StepCostLearner(64, prior=8, clock=lambda: now[0])
@@ -181,7 +183,7 @@ def test_speculation_surely_pays_where_it_beats_a_smaller_batchs_plain_step():
     # 3, 5-15 and 17-23 never ran; past 24, up to where its step grown with the batch loses.
     assert learner.surely_speculates_up_to() == math.floor(24 * headroom(24)) == 25
     assert [bucket.lower for bucket in learner.buckets()] == [1]  # the rates /metrics shows
-    assert learner.threshold(8) == 25
+    assert learned_threshold(learner, 8) == 25
     # A bucket's own plain steps, where cheaper than the bound, count: the range ends below it.
     steps(16, False, 3e-3)
     assert learner.surely_speculates_up_to() == math.floor(4 * headroom(4)) == 6
@@ -199,7 +201,8 @@ def test_a_fresh_h100s_first_buckets_take_the_threshold_past_them():
     noise: the threshold stopped at 10 and batches of 11-14 decoded plain, 16% of the rate's
     steps. By the bounds on step costs speculation surely pays up to 13 (bucket 10's speculative
     step, grown with the batch, against its plain one), and where it speculates it is measured."""
-    from sglang.srt.speculative.spec_switch_auto import StepCostLearner
+    from sglang.srt.speculative.spec_switch_costs import StepCostLearner
+    from sglang.srt.speculative.spec_switch_fit import learned_threshold
 
     now = [0.0]
     learner = StepCostLearner(64, prior=8, clock=lambda: now[0])
@@ -216,7 +219,7 @@ def test_a_fresh_h100s_first_buckets_take_the_threshold_past_them():
                 accepted = (1 + forward_ct % 2) if batch_size == 1 else 3 * batch_size // 2
                 learner.observe(forward_ct, batch_size, accepted if speculative else 0, speculative)
     assert [bucket.lower for bucket in learner.buckets()] == [1, 2, 8, 10]
-    assert learner.threshold(10) == learner.surely_speculates_up_to() == 13
+    assert learned_threshold(learner, 10) == learner.surely_speculates_up_to() == 13
 
 
 @pytest.mark.parametrize("arrivals_every, bursts", [(None, 1), (45e-3, 2), (5e-3, 1)])
