@@ -6,9 +6,13 @@ In results.json a config's open-loop rates sit beside its closed-loop levels:
                "output_tokens", "duration_s", "output_tok_per_s", "request_per_s",
                "arrival_rate" | null, "concurrency",
                "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
-               "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms"}]   # each latency null without a sample
+               "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms",    # each latency null without a sample
+               "counters": {"spec_steps", "fallback_steps", "switches"},  # the switch's steps from the
+                                                                          # first measured send to the end
+               "switch_threshold"}]                                       # a learning switch's, at the end
 
-absent in runs without an open loop (and in every run before it), which read as no rates. The
+absent in runs without an open loop (and in every run before it), which read as no rates; "counters"
+and "switch_threshold" are absent where the server exports none (no switch) and in older runs. The
 definitions are SGLang's bench_serving's (bench.run.open_loop says which and how they are taken).
 """
 
@@ -19,6 +23,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from bench.results.fields import Fields, ResultsError
+from bench.results.switch_counters import SwitchCounters
 
 INF = "inf"  # JSON has no infinity: an unpaced rate (all requests at once) is written as this string
 
@@ -45,6 +50,10 @@ class OpenRateRecord:
     itl_p50_ms: float | None
     itl_p99_ms: float | None
     e2e_p50_ms: float | None
+    # The switch's steps over the measured requests (from the first one's send to the rate's end);
+    # None: the server exports no switch counters.
+    counters: SwitchCounters | None = None
+    switch_threshold: int | None = None  # a learning switch's threshold at the rate's end (/metrics)
 
     def __post_init__(self) -> None:
         if not self.request_rate > 0:
@@ -62,6 +71,11 @@ class OpenRateRecord:
         out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
         out["request_rate"] = INF if math.isinf(self.request_rate) else self.request_rate
         out["errors"] = list(self.errors)
+        for key in ("counters", "switch_threshold"):
+            if out[key] is None:
+                del out[key]
+        if self.counters is not None:
+            out["counters"] = self.counters.to_json()
         return out
 
     @classmethod
@@ -83,6 +97,8 @@ class OpenRateRecord:
             arrival_rate=r.nullable(r.number, "arrival_rate"),
             concurrency=r.number("concurrency"),
             **{k: r.nullable(r.number, k) for k in LATENCY_KEYS},
+            counters=r.opt(lambda key: SwitchCounters.from_json(r.get(key), f"{where}.{key}"), "counters"),
+            switch_threshold=r.opt(r.integer, "switch_threshold"),
         )
         r.closed()
         return out

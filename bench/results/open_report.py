@@ -69,11 +69,13 @@ def _table(
     *,
     best: str = "max",
     off: Callable[[float], bool] = lambda x: False,
+    include: Callable[[ConfigRecord], bool] = lambda c: True,
 ) -> list[str]:
-    """One row per config with rates, then each config's ratio row (bold where off target)."""
+    """One row per config with rates (of those `include` takes), then each config's ratio row (bold
+    where off target)."""
     lines = _header(rates)
     for name, c in run.configs.items():
-        if c.rates:
+        if c.rates and include(c):
             by = {r.request_rate: r for r in c.rates}
             row = [
                 cell(by[x]) + (f" ({by[x].error_count} err)" if by[x].errors else "") if x in by else "" for x in rates
@@ -116,7 +118,32 @@ def markdown_lines(run: RunResults) -> list[str]:
         "",
         *_table(run, rates, lambda r: f"{_ms(r.ttft_p50_ms)} / {_ms(r.ttft_p99_ms)}"),
         "",
+        *_switch_lines(run),
         *_detail_lines(run),
+    ]
+
+
+def _switch_cell(r: OpenRateRecord) -> str:
+    share = r.counters.spec_share if r.counters else None
+    if share is None:
+        return ""
+    return f"{100 * share:.0f}%" + ("" if r.switch_threshold is None else f" ({r.switch_threshold})")
+
+
+def _switch_lines(run: RunResults) -> list[str]:
+    """The switch configs' decode steps that speculated over each rate's measured requests."""
+
+    def switching(c: ConfigRecord) -> bool:
+        return any(r.counters for r in c.rates)
+
+    if not any(switching(c) for c in run.configs.values()):
+        return []
+    return [
+        "Switch configs: the share of decode steps that speculated, from the first measured send to the "
+        "rate's end (the server's counters), and a learning switch's threshold at the end in brackets.",
+        "",
+        *_table(run, rates_of(run), _switch_cell, include=switching),
+        "",
     ]
 
 

@@ -53,43 +53,14 @@ from bench.results.fields import (
     recommendation,
     str_map,
 )
-from bench.results.logparse import Counters, GraphSet
+from bench.results.logparse import GraphSet
 from bench.results.open_records import OpenRateRecord, rates_from_json
 from bench.results.profile_records import ProfileRecord, profiles_from_json
 from bench.results.recommendation import Recommendation
+from bench.results.switch_counters import SwitchCounters
 
 ANALYSIS_KEYS = ("recommendation", "recommendations", "ratios", "decode_ratios")
 RateKey = Literal["tok_per_s", "decode_tok_per_s"]
-
-
-@dataclass(frozen=True)
-class SwitchCounters:
-    """The speculation switch's step counters (a level's: the difference over the level)."""
-
-    spec_steps: int
-    fallback_steps: int
-    switches: int
-
-    @classmethod
-    def of(cls, c: Counters) -> SwitchCounters:
-        return cls(c.spec_steps, c.fallback_steps, c.switches)
-
-    def minus(self, other: SwitchCounters) -> SwitchCounters:
-        return SwitchCounters(
-            self.spec_steps - other.spec_steps,
-            self.fallback_steps - other.fallback_steps,
-            self.switches - other.switches,
-        )
-
-    def to_json(self) -> dict[str, int]:
-        return {"spec_steps": self.spec_steps, "fallback_steps": self.fallback_steps, "switches": self.switches}
-
-    @classmethod
-    def from_json(cls, data: Any, where: str) -> SwitchCounters:
-        r = Fields(data, where)
-        out = cls(r.integer("spec_steps"), r.integer("fallback_steps"), r.integer("switches"))
-        r.closed()
-        return out
 
 
 @dataclass(frozen=True)

@@ -146,15 +146,20 @@ def run_rate(
     timeout: float = 600.0,
     on_done: Callable[[int, int], None] | None = None,
     settle: int = 0,
+    on_measured_start: Callable[[], object] | None = None,
 ) -> RateRun:
     """Send each prompt at Poisson arrivals of `rate` per second (open loop: no wait on the replies).
 
     settle: the first this many prompts are sent and answered but not measured; the run's outputs
     and duration (from the first measured send to the last completion) are the rest's.
+    on_measured_start: called (in a thread) just before the first measured prompt is sent, so that
+    what the server counts from there (the switch's steps) is read over the measured requests; the
+    sends after it keep their schedule.
     """
     if not 0 <= settle < len(prompts):
         raise ValueError(f"settle must leave requests to measure: {settle} of {len(prompts)}")
-    return asyncio.run(_run_rate(url, list(prompts), rate, sampling, seed, timeout, on_done, settle))
+    run = _run_rate(url, list(prompts), rate, sampling, seed, timeout, on_done, settle, on_measured_start)
+    return asyncio.run(run)
 
 
 async def _run_rate(
@@ -166,6 +171,7 @@ async def _run_rate(
     timeout: float,
     on_done: Callable[[int, int], None] | None,
     settle: int,
+    on_measured_start: Callable[[], object] | None,
 ) -> RateRun:
     done = 0
 
@@ -181,7 +187,9 @@ async def _run_rate(
     async with aiohttp.ClientSession(connector=connector, read_bufsize=READ_BUFSIZE) as session:
         tasks = []
         t0 = time.perf_counter()
-        for prompt, at in zip(prompts, arrival_offsets(len(prompts), rate, seed), strict=True):
+        for i, (prompt, at) in enumerate(zip(prompts, arrival_offsets(len(prompts), rate, seed), strict=True)):
+            if i == settle and on_measured_start is not None:
+                await asyncio.to_thread(on_measured_start)
             wait = at - (time.perf_counter() - t0)
             if wait > 0:
                 await asyncio.sleep(wait)

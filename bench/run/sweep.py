@@ -27,17 +27,17 @@ from bench.configs import (
 from bench.errors import BenchError, BenchUsageError
 from bench.results import profile, report
 from bench.results.analysis import hysteresis
-from bench.results.logparse import captured_graph_sets, parse_log, parse_metrics, parse_threshold
-from bench.results.open_records import rate_label
+from bench.results.logparse import Counters, captured_graph_sets, parse_log, parse_metrics, parse_threshold
+from bench.results.open_records import OpenRateRecord, rate_label
 from bench.results.profile_records import ProfileRecord
 from bench.results.records import (
     Analysis,
     ConfigRecord,
     LevelRecord,
     RunResults,
-    SwitchCounters,
     read_results,
 )
+from bench.results.switch_counters import SwitchCounters
 from bench.run import client, open_loop
 from bench.run.releases import configs_for_tree, recommended_flags
 from bench.run.server import (
@@ -184,10 +184,7 @@ def _run_level(name: str, url: str, c: int, settings: RunSettings, target: RunTa
             max_new_tokens=settings.output_lengths(c, n),
         )
     metrics = client.get_metrics(url)
-    after, threshold = parse_metrics(metrics), parse_threshold(metrics)
-    counters = None
-    if after is not None:
-        counters = SwitchCounters.of(after).minus(SwitchCounters.of(before) if before else SwitchCounters(0, 0, 0))
+    counters, threshold = SwitchCounters.between(before, parse_metrics(metrics)), parse_threshold(metrics)
     errors = lr.errors[:5] + ([f"... {len(lr.errors)} errors"] if len(lr.errors) > 5 else [])
     logger.info(
         f"[{name}] C={c:>3} n={n:>3}: {lr.tok_per_s:9.1f} tok/s  wall {lr.wall_s:6.1f}s"
@@ -213,29 +210,41 @@ def _run_rates(name: str, url: str, settings: RunSettings, target: RunTarget, re
     """The open loop: each request rate in turn on the config's server, saving the run after each."""
     entry = results.configs[name]
     for rate in settings.request_rates:
-        n, settle = settings.requests_for_rate(rate), settings.settling_requests(rate)
-        client.flush_cache(url)  # as before each closed-loop level: no prefix cached from the last rate
-        label = f"[{name}] rate={rate_label(rate)}/s"
-        with tqdm(total=settle + n, desc=label, disable=not sys.stderr.isatty(), leave=False) as bar:
-            run = open_loop.run_rate(
-                url,
-                target.prompts_for_level(settle + n),
-                rate,
-                settings.sampling,
-                seed=settings.seed,
-                on_done=lambda done, _: bar.update(done - bar.n),
-                settle=settle,
-            )
-        rec = run.record()
+        rec = _run_rate(name, url, rate, settings, target)
         entry = results.configs[name] = replace(entry, rates=(*entry.rates, rec))
-        logger.info(
-            f"{label} n={n}: {rec.output_tok_per_s:9.1f} tok/s  {rec.request_per_s:.2f} req/s  "
-            f"arrivals {rec.arrival_rate or 0:.2f}/s  TTFT p50 {rec.ttft_p50_ms or 0:.0f} ms  "
-            f"TPOT p50 {rec.tpot_p50_ms or 0:.1f} ms  wall {rec.duration_s:.1f}s"
-            + (f"  ERRORS {rec.error_count}: {rec.errors[0]}" if rec.errors else "")
-        )
         _save(results, target.out, plot=False)
     return entry
+
+
+def _run_rate(name: str, url: str, rate: float, settings: RunSettings, target: RunTarget) -> OpenRateRecord:
+    """One rate's requests, with the switch's steps over the measured ones (from /metrics)."""
+    n, settle = settings.requests_for_rate(rate), settings.settling_requests(rate)
+    client.flush_cache(url)  # as before each closed-loop level: no prefix cached from the last rate
+    label = f"[{name}] rate={rate_label(rate)}/s"
+    before: list[Counters | None] = []
+    with tqdm(total=settle + n, desc=label, disable=not sys.stderr.isatty(), leave=False) as bar:
+        run = open_loop.run_rate(
+            url,
+            target.prompts_for_level(settle + n),
+            rate,
+            settings.sampling,
+            seed=settings.seed,
+            on_done=lambda done, _: bar.update(done - bar.n),
+            settle=settle,
+            on_measured_start=lambda: before.append(parse_metrics(client.get_metrics(url))),
+        )
+    metrics = client.get_metrics(url)
+    counters = SwitchCounters.between(before[0] if before else None, parse_metrics(metrics))
+    rec = replace(run.record(), counters=counters, switch_threshold=parse_threshold(metrics))
+    logger.info(
+        f"{label} n={n}: {rec.output_tok_per_s:9.1f} tok/s  {rec.request_per_s:.2f} req/s  "
+        f"arrivals {rec.arrival_rate or 0:.2f}/s  TTFT p50 {rec.ttft_p50_ms or 0:.0f} ms  "
+        f"TPOT p50 {rec.tpot_p50_ms or 0:.1f} ms  wall {rec.duration_s:.1f}s"
+        + (f"  counters {counters.to_json()}" if counters is not None else "")
+        + (f"  threshold {rec.switch_threshold}" if rec.switch_threshold is not None else "")
+        + (f"  ERRORS {rec.error_count}: {rec.errors[0]}" if rec.errors else "")
+    )
+    return rec
 
 
 def _profile(name: str, url: str, c: int, settings: RunSettings, target: RunTarget, log: Path) -> ProfileRecord:

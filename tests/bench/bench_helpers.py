@@ -10,7 +10,8 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.results.records import ConfigRecord, LevelRecord, RunResults, SwitchCounters  # noqa: E402
+from bench.results.records import ConfigRecord, LevelRecord, RunResults  # noqa: E402
+from bench.results.switch_counters import SwitchCounters  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 # Recorded logs, results and a stand-in tree, shared by the tests of every subpackage.

@@ -18,6 +18,7 @@ from bench.results import open_report, report  # noqa: E402
 from bench.results.fields import ResultsError  # noqa: E402
 from bench.results.open_records import OpenRateRecord  # noqa: E402
 from bench.results.records import ConfigRecord, RunResults, read_results  # noqa: E402
+from bench.results.switch_counters import SwitchCounters  # noqa: E402
 
 RATES = [2.0, 8.0, math.inf]
 
@@ -49,7 +50,11 @@ def open_run() -> RunResults:
     """nospec wins on tok/s at the higher rates, spec-v2 on TPOT at the lower; switch-v2 close to the better."""
     nospec = (rate(2, 1000, 10.0), rate(8, 4000, 12.0), rate(math.inf, 9000, 30.0))
     spec = (rate(2, 1100, 6.0), rate(8, 3500, 14.0), rate(math.inf, 7000, 40.0))
-    switch = (rate(2, 1090, 6.1), rate(8, 3800, 12.1), rate(math.inf, 8900, 33.0, errors=("HTTP 500: x",)))
+    switch = (
+        replace(rate(2, 1090, 6.1), counters=SwitchCounters(97, 3, 2), switch_threshold=12),
+        replace(rate(8, 3800, 12.1), counters=SwitchCounters(40, 60, 4), switch_threshold=12),
+        replace(rate(math.inf, 8900, 33.0, errors=("HTTP 500: x",)), counters=SwitchCounters(0, 0, 0)),
+    )
     spec_flags = ("--speculative-algorithm", "EAGLE3")
     return RunResults(
         meta={"title": "open"},
@@ -86,6 +91,9 @@ def test_markdown_tables_with_ratio_rows(tmp_path: Path) -> None:
     assert "| switch-v2 | 2 | 2.04 | 100/100 | 10.00 | 12.2 | 6.1 | 24.4 | 4.5 |" in md
     assert "| nospec | inf |  | 100/100 |" in md
     assert "- `switch-v2` at inf/s: HTTP 500: x" in md
+    # the switch's steps over the measured requests: only the configs whose server counts them
+    switch_table = md.split("Switch configs: the share of decode steps that speculated")[1].split("\n\n")[1]
+    assert switch_table.splitlines()[2:] == ["| switch-v2 | 97% (12) | 40% (12) |  (1 err) |"]
     slow = replace(run.configs["switch-v2"], rates=(rate(2, 1090, 6.5),))
     run.configs["switch-v2"] = slow
     assert "| switch-v2 / min(nospec, spec-v2) | **1.08** |" in report.markdown(run, report.analyse(run))
@@ -125,6 +133,17 @@ def test_a_bad_rate_record_names_where(key: str, value: object, message: str) ->
     assert "c.rates[0]" in str(e.value)
     with pytest.raises(ResultsError, match="unknown key"):
         OpenRateRecord.from_json(rate(2, 1, 1).to_json() | {"new": 1}, "r")
+
+
+def test_a_rates_switch_counters_round_trip_and_are_absent_without_a_switch() -> None:
+    counted = replace(rate(2, 1, 1), counters=SwitchCounters(5, 7, 1), switch_threshold=30)
+    data = counted.to_json()
+    assert data["counters"] == {"spec_steps": 5, "fallback_steps": 7, "switches": 1} and data["switch_threshold"] == 30
+    assert OpenRateRecord.from_json(data, "r") == counted
+    assert "counters" not in rate(2, 1, 1).to_json() and "switch_threshold" not in rate(2, 1, 1).to_json()
+    with pytest.raises(ResultsError, match="r.counters") as e:
+        OpenRateRecord.from_json(data | {"counters": {"spec_steps": 5}}, "r")
+    assert "fallback_steps" in str(e.value)
 
 
 def test_the_plot_draws_each_config_against_the_rates_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

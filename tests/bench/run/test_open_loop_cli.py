@@ -115,3 +115,19 @@ def test_a_settled_rate_measures_only_the_requests_after_the_settling_ones(tmp_p
     assert rate["requests"] == rate["completed"] == 6 and rate["output_tokens"] == 48  # ceil(20 x 0.3)
     assert res["meta"]["rate_settle"] == "0.2 s"
     assert "Each rate's first 0.2 s of arrivals were sent and not measured" in (out / "results.md").read_text()
+
+
+def test_a_switchs_steps_are_counted_over_the_measured_requests_only(tmp_path: Path) -> None:
+    """The fake server counts one switch step per request it is sent: the settling requests' steps
+    are counted before the first measured send, so the rate's counters hold the measured ones'."""
+    out = tmp_path / "out"
+    argv = ("--model", "/fake/target", "--draft-model", "/fake/draft", "--configs", "nospec,switch-v1")
+    flags = ("--switch-thresholds", "2,1", "--request-rates", "20", "--rate-duration", "0.3", "--rate-settle", "0.2")
+    p = run_fake_bench(out, *argv, *flags, "--max-new-tokens", "8")
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    (rate,) = res["configs"]["switch-v1"]["rates"]
+    steps = rate["counters"]["spec_steps"] + rate["counters"]["fallback_steps"]
+    assert rate["requests"] == 6 and steps == 6, rate["counters"]  # 4 settling ones sent first
+    assert "counters" not in res["configs"]["nospec"]["rates"][0]
+    assert "| switch-v1 | " in (out / "results.md").read_text().split("Switch configs:")[1]
