@@ -71,12 +71,8 @@ class OpenRateRecord:
         out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
         out["request_rate"] = INF if math.isinf(self.request_rate) else self.request_rate
         out["errors"] = list(self.errors)
-        for key in ("counters", "switch_threshold"):
-            if out[key] is None:
-                del out[key]
-        if self.counters is not None:
-            out["counters"] = self.counters.to_json()
-        return out
+        out["counters"] = self.counters.to_json() if self.counters else None
+        return {k: v for k, v in out.items() if v is not None or k not in ("counters", "switch_threshold")}
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> OpenRateRecord:

@@ -118,7 +118,7 @@ def markdown_lines(run: RunResults) -> list[str]:
         "",
         *_table(run, rates, lambda r: f"{_ms(r.ttft_p50_ms)} / {_ms(r.ttft_p99_ms)}"),
         "",
-        *_switch_lines(run),
+        *_switch_lines(run, rates),
         *_detail_lines(run),
     ]
 
@@ -130,7 +130,7 @@ def _switch_cell(r: OpenRateRecord) -> str:
     return f"{100 * share:.0f}%" + ("" if r.switch_threshold is None else f" ({r.switch_threshold})")
 
 
-def _switch_lines(run: RunResults) -> list[str]:
+def _switch_lines(run: RunResults, rates: list[float]) -> list[str]:
     """The switch configs' decode steps that speculated over each rate's measured requests."""
 
     def switching(c: ConfigRecord) -> bool:
@@ -142,7 +142,7 @@ def _switch_lines(run: RunResults) -> list[str]:
         "Switch configs: the share of decode steps that speculated, from the first measured send to the "
         "rate's end (the server's counters), and a learning switch's threshold at the end in brackets.",
         "",
-        *_table(run, rates_of(run), _switch_cell, include=switching),
+        *_table(run, rates, _switch_cell, include=switching),
         "",
     ]
 
