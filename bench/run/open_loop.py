@@ -188,11 +188,13 @@ async def _run_rate(
         tasks = []
         t0 = time.perf_counter()
         for i, (prompt, at) in enumerate(zip(prompts, arrival_offsets(len(prompts), rate, seed), strict=True)):
-            if i == settle and on_measured_start is not None:
-                await asyncio.to_thread(on_measured_start)
             wait = at - (time.perf_counter() - t0)
             if wait > 0:
                 await asyncio.sleep(wait)
+            if i == settle and on_measured_start is not None:
+                # At the measured send's time, not right after the last settling send: the server
+                # must have taken that request in before the read, or its steps count as measured.
+                await asyncio.to_thread(on_measured_start)
             tasks.append(asyncio.create_task(one(session, prompt, t0)))
         outputs = list(await asyncio.gather(*tasks))
         duration = time.perf_counter() - t0

@@ -119,10 +119,14 @@ def test_a_settled_rate_measures_only_the_requests_after_the_settling_ones(tmp_p
 
 def test_a_switchs_steps_are_counted_over_the_measured_requests_only(tmp_path: Path) -> None:
     """The fake server counts one switch step per request it is sent: the settling requests' steps
-    are counted before the first measured send, so the rate's counters hold the measured ones'."""
+    are counted before the first measured send, so the rate's counters hold the measured ones'.
+
+    At 5/s the seeded arrivals put 72 ms between the last settling send and the first measured one
+    (at 20/s the last two settling sends came together, 18 ms before it, and a loaded machine's
+    server took them in after the read)."""
     out = tmp_path / "out"
     argv = ("--model", "/fake/target", "--draft-model", "/fake/draft", "--configs", "nospec,switch-v1")
-    flags = ("--switch-thresholds", "2,1", "--request-rates", "20", "--rate-duration", "0.3", "--rate-settle", "0.2")
+    flags = ("--switch-thresholds", "2,1", "--request-rates", "5", "--rate-duration", "1.1", "--rate-settle", "0.7")
     p = run_fake_bench(out, *argv, *flags, "--max-new-tokens", "8")
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
