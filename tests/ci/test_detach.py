@@ -87,7 +87,7 @@ def test_steps_run_in_order_share_the_seconds_and_come_back_packed(project: Path
 
 def test_wait_returns_what_finished_and_a_later_wait_the_rest(project: Path) -> None:
     call = subprocess.Popen(
-        ["bash", "ci/gpu/detach.sh", "start", "300", "quick 0", "slow 8"],
+        ["bash", "ci/gpu/detach.sh", "start", "300", "quick 0", "slow 15"],
         cwd=project,
         env=_env(project),
         stdout=subprocess.DEVNULL,
@@ -101,9 +101,9 @@ def test_wait_returns_what_finished_and_a_later_wait_the_rest(project: Path) -> 
     partial = _detach(project, "wait", "1")
     assert partial.returncode == 1 and "still running" in partial.stdout
     assert sorted(p.name for p in (project.parent / "out").iterdir()) == ["chain.log", "step-0.tgz"]
-    rest = _detach(project, "wait", "30")
+    rest = _detach(project, "wait", "40")
     assert rest.returncode == 0 and "chain done" in rest.stdout
-    assert _step(project, 1, "args.txt").startswith("slow 8 | ")
+    assert _step(project, 1, "args.txt").startswith("slow 15 | ")
 
 
 def test_a_step_with_under_a_minute_left_is_not_started(project: Path) -> None:
