@@ -10,7 +10,8 @@ if [ ! -f "/tmp/site/.done-$key" ]; then
   rm -rf /tmp/site
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site whl/*.whl
   tar xJf sglk.tar.xz -C /tmp/site
-  if [ -f sgl_kernel_compat.py ]; then cat sgl_kernel_compat.py >> /tmp/site/sgl_kernel/__init__.py; fi
+  # A blank line first: the kernel package's __init__.py may not end in a newline.
+  if [ -f sgl_kernel_compat.py ]; then { echo; cat sgl_kernel_compat.py; } >> /tmp/site/sgl_kernel/__init__.py; fi
   if [ -d stubs ]; then cp -r stubs/. /tmp/site/; fi
   touch "/tmp/site/.done-$key"
 fi

@@ -1,4 +1,3 @@
-
 # --- appended to sgl_kernel/__init__.py by the bundle's setup.sh: the SGLang release in the tree
 # imports some names from an older sgl-kernel than the one the bundle carries. Importing such a name
 # succeeds; calling it raises, so a code path that really needs it fails loudly, not silently.

@@ -7,6 +7,7 @@ submodule succeeds, attributes resolve to placeholders, and a placeholder used a
 a function; calling anything else, or what a decorator gave, raises ModuleNotFoundError naming the
 package. So a code path that really needs the package fails loudly.
 """
+
 import importlib.abc
 import importlib.machinery
 import sys
