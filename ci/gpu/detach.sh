@@ -44,11 +44,11 @@ run_chain() {  # SECONDS STEP...: runs in its own session; writes only under $DE
 }
 
 wait_chain() {  # [SECONDS]
-  local end=$(( $(date +%s) + ${1:-540} )) rc step ended=1
+  local end=$(( $(date +%s) + ${1:-540} )) rc step status=1  # status: 0 once the chain has ended
   while [ ! -f "$DETACH_DIR/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 1; done
   # Decided once: the chain may end while this call packs, and the reply must match the exit code.
-  [ -f "$DETACH_DIR/done" ] && ended=0
-  [ "$ended" -eq 0 ] || say "still running (the next wait call picks it up)"
+  [ -f "$DETACH_DIR/done" ] && status=0
+  [ "$status" -eq 0 ] || say "still running (the next wait call picks it up)"
   mkdir -p "$OUT"
   for rc in "$DETACH_DIR"/step-*.rc; do
     [ -f "$rc" ] || continue
@@ -60,7 +60,7 @@ wait_chain() {  # [SECONDS]
   # The step in flight, for the reply's tail.
   step=$(ls -t "$DETACH_DIR"/step-*.log 2>/dev/null | head -n 1)
   [ -n "$step" ] && tail -n 15 "$step"
-  return "$ended"
+  return "$status"
 }
 
 case "${1:-}" in
