@@ -13,6 +13,7 @@ import copy
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from verify_cpu import use_torch_verify, verify_input, word_tokenizer
 
 from sglang_cpu import VOCAB, make_req, prefilled_decode_batch
@@ -74,9 +75,8 @@ def _counted(batch):
 
 
 def _verify(batch, draft_rows):
-    """The verify's sample on the forward copy; returns (logits as penalised, accepted ids)."""
+    """The verify's sample on the forward copy: (raw logits, as penalised, predict, accept_index, batch)."""
     from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-    from sglang.srt.speculative.spec_penalties_v2 import accepted_token_ids
 
     mwb = batch.get_model_worker_batch()
     mwb.sampling_info = mwb.sampling_info.copy_for_forward()
@@ -88,7 +88,7 @@ def _verify(batch, draft_rows):
     logits[torch.arange(len(nxt)), nxt] += 5.0
     raw = logits.clone()
     predict, _, accept_index = chain.sample(mwb, LogitsProcessorOutput(next_token_logits=logits))
-    return raw, logits, accepted_token_ids(predict, accept_index), mwb
+    return raw, logits, predict, accept_index, mwb
 
 
 def test_verify_penalises_each_position_after_the_prefill_is_counted(env):
@@ -98,7 +98,7 @@ def test_verify_penalises_each_position_after_the_prefill_is_counted(env):
     torch.testing.assert_close(_counted(batch), _plain_penalties(_reqs(env, "p", SAMPLING), [[t] for t in FIRST], env))
 
     # The chain's root is the pending token, the prefill's: counted already.
-    raw, logits, _, _ = _verify(batch, [[first] + DRAFT for first in FIRST])
+    raw, logits, *_ = _verify(batch, [[first] + DRAFT for first in FIRST])
 
     for i in range(NUM_DRAFT_TOKENS):
         # Row i predicts the token after draft position i: the plain output so far is the
@@ -116,7 +116,7 @@ def test_emitted_tokens_are_counted_once_through_filter_merge_and_fallback(env):
     from sglang.srt.managers.overlap_utils import FutureIndices
     from sglang.srt.managers.utils import GenerationBatchResult
     from sglang.srt.speculative.eagle_info import EagleDraftInput
-    from sglang.srt.speculative.spec_penalties_v2 import carry_emitted_tokens
+    from sglang.srt.speculative.spec_penalties_v2 import accepted_token_ids, carry_emitted_tokens
     from sglang.srt.speculative.spec_switch_v2 import finish_plain_decode_v2, prepare_plain_decode_v2
 
     reqs = _reqs(env, "r", SAMPLING)
@@ -125,7 +125,8 @@ def test_emitted_tokens_are_counted_once_through_filter_merge_and_fallback(env):
     # Request 1's chain is rejected at its first token: it emits the bonus only.
     drafts = [[first] + DRAFT for first in FIRST]
     drafts[1] = [FIRST[1], 90, 91, 92]
-    _, _, accepted, mwb = _verify(batch, drafts)
+    _, _, predict, accept_index, mwb = _verify(batch, drafts)
+    accepted = accepted_token_ids(predict, accept_index)
     emitted = [[FIRST[b]] + [t for t in accepted[b].tolist() if t >= 0] for b in range(len(reqs))]
     assert len(emitted[0]) > len(emitted[1]) + 1, "the test needs accept lengths that differ"
 
@@ -163,3 +164,35 @@ def test_emitted_tokens_are_counted_once_through_filter_merge_and_fallback(env):
     kept = [row + [token] for row, token in zip(kept, sampled, strict=True)]
     plain = _plain_penalties(_reqs(env, "p", SAMPLING[:3] + SAMPLING[:1]), kept, env)
     torch.testing.assert_close(_counted(batch), plain)
+
+
+class _Ops(TorchDispatchMode):
+    """The tensor ops run inside it: each is a kernel launch on a GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("penalised", [True, False], ids=["penalties", "none"])
+def test_a_verify_builds_the_emitted_ids_only_when_something_penalises(env, penalised):
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+    from sglang.srt.speculative.spec_penalties_v2 import accepted_token_ids, carry_accepted_tokens
+
+    sampling = SAMPLING if penalised else [{}] * len(SAMPLING)
+    batch = prefilled_decode_batch(env, _reqs(env, "r", sampling), FIRST, overlap=True, topk=1, carry_emitted=True)
+    _, _, predict, accept_index, mwb = _verify(batch, [[first] + DRAFT for first in FIRST])
+    next_input = EagleDraftInput(new_seq_lens=batch.seq_lens + 1)
+    with _Ops() as launched:
+        carry_accepted_tokens(next_input, predict, accept_index, mwb.sampling_info)
+
+    if penalised:
+        torch.testing.assert_close(next_input.accepted_ids, accepted_token_ids(predict, accept_index))
+    else:
+        # Every step of an unpenalised batch would pay these launches for nothing.
+        assert launched.ops == []
+        assert next_input.accepted_ids is None
