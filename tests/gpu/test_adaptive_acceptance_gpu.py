@@ -13,6 +13,8 @@ is too short to tell a stale draft from a kept one. On the release lines a steps
 step is a plain decode by default (their 0002), so the upstream cases set
 SGLANG_SPEC_ZERO_STEP_PLAIN_DECODE=0; in the plain case the draft gets nothing while off and is caught
 up in one extend when speculation comes back (the lines' deferred catch-up), so the same floor holds.
+Every case serves from a used pool (reenable.py): the stale span then holds other requests' draft
+KV, as on a warm server, not a fresh pool's zeros, which left the skip case's control to the text.
 """
 
 from __future__ import annotations
@@ -54,7 +56,10 @@ def adaptive_spec(ctx: dict[str, Any], env: dict[str, str]) -> ServerSpec:
     """The always-speculating v2 server, with upstream's adaptive mode and the "off above N" tiers."""
     tiers = write_off_above_tiers(ctx["logs"] / "reenable-adaptive-tiers.json", H.DISABLE, STEPS)
     spec = H.always_spec(
-        ctx["models"], "v2", H.tp_size(), extra=["--speculative-adaptive", "--speculative-adaptive-config", str(tiers)]
+        ctx["models"],
+        "v2",
+        H.tp_size(),
+        extra=["--speculative-adaptive", "--speculative-adaptive-config", str(tiers), *R.used_pool_flags()],
     )
     return dataclasses.replace(spec, env={**spec.env, **env})
 
@@ -69,8 +74,10 @@ def test_acceptance_after_a_high_load_period(ctx: dict[str, Any], case: str) -> 
             "this series' v0.5.15 line)"
         )
     name = f"reenable-adaptive-{case}"
-    out, log = R.serve(name, adaptive_spec(ctx, env), ctx, ctx["ids"], R.burst_lengths())
+    fill = R.fill_ids(ctx["vocab_size"])
+    out, log = R.serve(name, adaptive_spec(ctx, env), ctx, ctx["ids"], R.burst_lengths(), fill=fill)
     text = log.read_text(errors="replace")
+    assert R.pool_tokens(text, log) == R.POOL_TOKENS, f"{name}: the pool is not the used pool's ({log})"
     switches = H.adaptive_state_switches(text)
     assert any("-> 0" in s for s in switches) and any(f"-> {STEPS}" in s for s in switches), (
         f"{name}: expected the tiers to turn speculation off and back on ({log}): {switches[:4]}"
@@ -101,6 +108,7 @@ def test_acceptance_after_a_high_load_period(ctx: dict[str, Any], case: str) -> 
     else:
         assert got < R.ACCEPT_FLOOR * want, (
             f"{case}: the draft went {seen.before} tokens a request without an extend, yet the survivors "
-            f"accept {got:.3f} drafts per verify against {want:.3f}: the off period cannot tell a stale "
-            "draft from a caught-up one, so the other cases' floor proves nothing"
+            f"accept {got:.3f} drafts per verify against {want:.3f}, its stale span in slots the fill used: "
+            "the off period cannot tell a stale draft from a caught-up one, so the other cases' floor "
+            "proves nothing"
         )
