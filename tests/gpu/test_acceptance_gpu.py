@@ -2,7 +2,9 @@
 
 The load is reenable.py's: long requests live through an off period and then speculate. They must
 accept at least ACCEPT_FLOOR of an always-speculating server on the same text: v1 syncs its draft
-in every fallback step, v2 catches it up in the step that turns speculation back on.
+in every fallback step, v2 catches it up in the step that turns speculation back on. The switching
+server serves from reenable.py's used pool, so a position the sync missed holds another request's
+draft KV, not a fresh pool's zeros, which the trained draft barely notices.
 """
 
 from __future__ import annotations
@@ -44,10 +46,12 @@ def ctx(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
 
 
 def _survivors(ctx: dict[str, Any], worker: str) -> list[Survivor]:
-    spec = H.switch_spec(ctx["models"], worker, H.tp_size())
+    spec = H.switch_spec(ctx["models"], worker, H.tp_size(), extra=R.used_pool_flags())
     name = f"reenable-{worker}"
-    out, log = R.serve(name, spec, ctx, ctx["ids"], R.burst_lengths())
-    log_lines = log.read_text(errors="replace").splitlines()
+    out, log = R.serve(name, spec, ctx, ctx["ids"], R.burst_lengths(), fill=R.fill_ids(ctx["vocab_size"]))
+    text = log.read_text(errors="replace")
+    assert R.pool_tokens(text, log) == R.POOL_TOKENS, f"{name}: the pool is not the used pool's ({log})"
+    log_lines = text.splitlines()
     events = [line for line in log_lines if "spec-switch: speculation" in line]
     assert any("OFF" in e for e in events) and any("ON" in e for e in events), (
         f"expected the switch to go off and back on ({log}): {events[:4]}"
