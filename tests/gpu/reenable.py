@@ -10,8 +10,8 @@ the same number of tokens.
 A draft left stale while off reads whatever its KV slots held. On a fresh server those are
 never-used slots, zeros (memory_pool.py), which the trained draft barely notices: upstream's skip
 variable accepted 0.897x and 1.054x of always speculating on two runs' texts (GPU, 18 and 21).
-A warm server's slots hold other requests' draft KV. A load may first fill a small pool
-(`used_pool_flags`, `fill_ids`): the allocator hands out its never-used slots before freed ones
+A warm server's slots hold other requests' draft KV. `serve(..., used_pool=True)` first fills a
+small pool (`used_pool_flags`, `fill_ids`): the allocator hands out its never-used slots before freed ones
 (mem_cache/allocator/token.py), so the burst and the survivors then decode into slots the radix
 cache evicted from the fill.
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -95,14 +95,21 @@ def serve(
     ctx: dict[str, Any],
     ids: list[list[int]],
     max_new: list[int],
-    fill: list[list[int]] | None = None,
+    used_pool: bool = False,
 ) -> tuple[list[dict[str, Any]], Path]:
-    """The load on a fresh server, after the fill's prompts (one token each) if given."""
+    """The load on a fresh server; with used_pool, on a pool of POOL_TOKENS the fill's prompts (one
+    token each) went through first."""
     log = H.fresh_log(ctx["logs"], name)
+    if used_pool:
+        spec = replace(spec, flags=spec.flags + used_pool_flags())
     with Server(spec, log, ctx["tree"]) as srv:
-        if fill:
-            generate(srv.url, fill, [1] * len(fill))
-        return generate(srv.url, ids, max_new), log
+        if used_pool:
+            generate(srv.url, fill_ids(ctx["vocab_size"]), [1] * FILL)
+        out = generate(srv.url, ids, max_new)
+    if used_pool:
+        pool = pool_tokens(log.read_text(errors="replace"), log)
+        assert pool == POOL_TOKENS, f"{name}: a pool of {pool} tokens, not the used pool's {POOL_TOKENS} ({log})"
+    return out, log
 
 
 def reference(

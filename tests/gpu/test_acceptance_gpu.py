@@ -46,12 +46,10 @@ def ctx(sgl_tree: Path, log_dir: Path, fixture_models: Any) -> dict[str, Any]:
 
 
 def _survivors(ctx: dict[str, Any], worker: str) -> list[Survivor]:
-    spec = H.switch_spec(ctx["models"], worker, H.tp_size(), extra=R.used_pool_flags())
+    spec = H.switch_spec(ctx["models"], worker, H.tp_size())
     name = f"reenable-{worker}"
-    out, log = R.serve(name, spec, ctx, ctx["ids"], R.burst_lengths(), fill=R.fill_ids(ctx["vocab_size"]))
-    text = log.read_text(errors="replace")
-    assert R.pool_tokens(text, log) == R.POOL_TOKENS, f"{name}: the pool is not the used pool's ({log})"
-    log_lines = text.splitlines()
+    out, log = R.serve(name, spec, ctx, ctx["ids"], R.burst_lengths(), used_pool=True)
+    log_lines = log.read_text(errors="replace").splitlines()
     events = [line for line in log_lines if "spec-switch: speculation" in line]
     assert any("OFF" in e for e in events) and any("ON" in e for e in events), (
         f"expected the switch to go off and back on ({log}): {events[:4]}"
