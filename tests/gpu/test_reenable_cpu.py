@@ -114,3 +114,27 @@ def test_the_pool_size_is_read_from_the_start_up_line() -> None:
     assert R.pool_tokens(line, Path("x.log")) == 20_000
     with pytest.raises(AssertionError, match="max_total_num_tokens"):
         R.pool_tokens("KV Cache is allocated.", Path("x.log"))
+
+
+def test_the_reference_starts_at_the_first_verify_and_is_served_once_per_load(monkeypatch, tmp_path) -> None:
+    text, _ = _log("gpu22-v0.5.15-used-pool", "adaptive-skip-always-spec")
+    ref_log = tmp_path / "ref.log"
+    ref_log.write_text(text)
+    served: list[tuple[list[list[int]], list[int]]] = []
+
+    def serve(name, spec, ctx, ids, max_new, used_pool=False):  # stands in for the GPU server only
+        served.append((ids, max_new))
+        meta = {"spec_verify_ct": 10, "spec_num_correct_drafts": 15}  # 0.5.15's names
+        return [{"meta_info": meta} for _ in ids], ref_log
+
+    monkeypatch.setattr(R, "serve", serve)
+    ctx: dict = {}
+    spec = R.ServerSpec("target")
+    survivors = [([1, 2], list(range(100, 110)), 4), ([3], list(range(200, 210)), 4)]
+    got = R.reference(ctx, "ref", spec, survivors)
+    # the prefill decodes the last token before the first verify step: 103 and 203
+    assert served == [([[1, 2, 100, 101, 102], [3, 200, 201, 202]], [7, 7])]
+    assert got == R.Acceptance(R.first_verifies_after_prefill(text, ref_log), 1.5)
+    assert R.reference(ctx, "ref-again", spec, survivors) == got and len(served) == 1
+    R.reference(ctx, "ref-later", spec, [(ids, out, 5) for ids, out, _ in survivors])
+    assert len(served) == 2, "another load is served anew"
