@@ -16,6 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 from spec_v2_cpu import spec_v2_server
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sglang_cpu import VOCAB, make_req
 
@@ -212,6 +213,43 @@ def test_a_batch_that_penalises_nothing_merges_with_one_that_does(env):
     loop.prepare_decode(batch)
     emitted = [[40] + CHAIN + [70] + CHAIN + [70], [41] + CHAIN + [70], [42]]
     _check_counts(env, batch, none + penalised + none, emitted)
+
+
+class _Ops(TorchDispatchMode):
+    """The tensor ops run inside it: each is a kernel launch on a GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("penalised", [True, False], ids=["penalties", "none"])
+def test_a_verify_builds_the_emitted_ids_only_when_something_penalises(env, penalised):
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+    from sglang.srt.speculative.spec_penalties import accepted_token_ids, carry_accepted_tokens
+
+    sampling = SAMPLING if penalised else [{}] * len(SAMPLING)
+    env.model.plan = lambda fb: FIRST
+    batch = env.loop.prefill(_reqs(env, "r", sampling))
+    env.loop.prepare_decode(batch)
+    info = batch.sampling_info.copy_for_forward()  # what the verify samples with
+    # Request b accepted b % 4 drafts, then the bonus.
+    accept_tokens = torch.tensor([[t, *CHAIN] for t in FIRST], dtype=torch.int32)
+    accept_index = torch.tensor([[4 * b + i if i <= b % 4 else -1 for i in range(4)] for b in range(len(FIRST))])
+    next_input = EagleDraftInput(bonus_tokens=accept_tokens[:, 0])
+    with _Ops() as launched:
+        carry_accepted_tokens(next_input, accept_tokens, accept_index, info)
+
+    if penalised:
+        torch.testing.assert_close(next_input.accepted_ids, accepted_token_ids(accept_tokens, accept_index))
+    else:
+        # Every verify of an unpenalised batch would pay these launches for nothing.
+        assert launched.ops == []
+        assert getattr(next_input, "accepted_ids", None) is None
 
 
 TREE_PARENT = [-1, 0, 0, 1, 1, 2]  # topk 2: root 0 -> 1, 2; 1 -> 3, 4; 2 -> 5
