@@ -13,7 +13,7 @@ import copy
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from launches import LaunchedOps
 from verify_cpu import use_torch_verify, verify_input, word_tokenizer
 
 from sglang_cpu import VOCAB, make_req, prefilled_decode_batch
@@ -166,18 +166,6 @@ def test_emitted_tokens_are_counted_once_through_filter_merge_and_fallback(env):
     torch.testing.assert_close(_counted(batch), plain)
 
 
-class _Ops(TorchDispatchMode):
-    """The tensor ops run inside it: each is a kernel launch on a GPU."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func)
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("penalised", [True, False], ids=["penalties", "none"])
 def test_a_verify_builds_the_emitted_ids_only_when_something_penalises(env, penalised):
     from sglang.srt.speculative.eagle_info import EagleDraftInput
@@ -187,7 +175,7 @@ def test_a_verify_builds_the_emitted_ids_only_when_something_penalises(env, pena
     batch = prefilled_decode_batch(env, _reqs(env, "r", sampling), FIRST, overlap=True, topk=1, carry_emitted=True)
     _, _, predict, accept_index, mwb = _verify(batch, [[first] + DRAFT for first in FIRST])
     next_input = EagleDraftInput(new_seq_lens=batch.seq_lens + 1)
-    with _Ops() as launched:
+    with LaunchedOps() as launched:
         carry_accepted_tokens(next_input, predict, accept_index, mwb.sampling_info)
 
     if penalised:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from launches import LaunchedOps
 from spec_v2_cpu import spec_v2_server
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from sglang_cpu import VOCAB, make_req
 
@@ -215,18 +215,6 @@ def test_a_batch_that_penalises_nothing_merges_with_one_that_does(env):
     _check_counts(env, batch, none + penalised + none, emitted)
 
 
-class _Ops(TorchDispatchMode):
-    """The tensor ops run inside it: each is a kernel launch on a GPU."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func)
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("penalised", [True, False], ids=["penalties", "none"])
 def test_a_verify_builds_the_emitted_ids_only_when_something_penalises(env, penalised):
     from sglang.srt.speculative.eagle_info import EagleDraftInput
@@ -241,7 +229,7 @@ def test_a_verify_builds_the_emitted_ids_only_when_something_penalises(env, pena
     accept_tokens = torch.tensor([[t, *CHAIN] for t in FIRST], dtype=torch.int32)
     accept_index = torch.tensor([[4 * b + i if i <= b % 4 else -1 for i in range(4)] for b in range(len(FIRST))])
     next_input = EagleDraftInput(bonus_tokens=accept_tokens[:, 0])
-    with _Ops() as launched:
+    with LaunchedOps() as launched:
         carry_accepted_tokens(next_input, accept_tokens, accept_index, info)
 
     if penalised:
