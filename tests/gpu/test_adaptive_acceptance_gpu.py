@@ -34,7 +34,7 @@ import reenable as R
 from gpu_harness import SUMMARY
 
 pytestmark = pytest.mark.gpu
-STEPS = 3  # the v2 worker's --speculative-num-steps in the harness
+STEPS = H.V2_STEPS
 # Upstream's steps=0 on a line's tree, where the plain decode is the default (ignored upstream).
 UPSTREAM_STEPS0 = {ZERO_STEP_PLAIN_DECODE: "0"}
 CASES = {

@@ -27,7 +27,7 @@ import staggered as S
 from gpu_harness import SUMMARY
 
 pytestmark = pytest.mark.gpu
-STEPS = 3  # the v2 worker's --speculative-num-steps in the harness
+STEPS = H.V2_STEPS
 PAIR = "trained"
 # The lines' deferred catch-up (adaptive_draft_catch_up.py) logs each catch-up step.
 CATCH_UP = "Adaptive spec: draft caught up over"

@@ -29,7 +29,7 @@ from gpu_harness import SUMMARY
 
 pytestmark = pytest.mark.gpu  # which servers a tree can run: _unsupported
 PAIR = "trained"
-STEPS = 3  # the v2 worker's --speculative-num-steps in the harness
+STEPS = H.V2_STEPS
 NEW_TOKENS = 48
 # Stops the trained target's code writes often: one-character, one-token and multi-token ones.
 STOPS = [["("], [")"], [":"], ["):"], ["self."], ["return"], ["\n    "], [", "], ["= "], ["()"]]
