@@ -6,14 +6,11 @@ from __future__ import annotations
 import argparse
 import logging
 import shlex
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-from tqdm import tqdm
 
 from bench.configs import (
     BASELINE_NOSPEC,
@@ -27,18 +24,16 @@ from bench.configs import (
 from bench.errors import BenchError, BenchUsageError
 from bench.results import profile, report
 from bench.results.analysis import hysteresis
-from bench.results.logparse import Counters, captured_graph_sets, parse_log, parse_metrics, parse_threshold
-from bench.results.open_records import OpenRateRecord, rate_label
+from bench.results.logparse import captured_graph_sets, parse_log
+from bench.results.open_records import rate_label
 from bench.results.profile_records import ProfileRecord
 from bench.results.records import (
-    Analysis,
     ConfigRecord,
-    LevelRecord,
     RunResults,
     read_results,
 )
 from bench.results.switch_counters import SwitchCounters
-from bench.run import client, open_loop
+from bench.run import client, phases
 from bench.run.releases import configs_for_tree, recommended_flags
 from bench.run.server import (
     PROJECT_ROOT,
@@ -51,7 +46,7 @@ from bench.run.server import (
     missing_server_args,
     resolve_tree,
 )
-from bench.run.settings import RunSettings, RunTarget, requests_for_level, run_target
+from bench.run.settings import RunSettings, RunTarget, run_target
 
 logger = logging.getLogger(__name__)
 
@@ -145,8 +140,8 @@ def run_config(cfg: Config, settings: RunSettings, target: RunTarget, results: R
         if settings.freeze_gc:
             client.freeze_gc(srv.url)
             logger.info(f"[{cfg.name}] garbage collector frozen (/freeze_gc)")
-        _run_levels(cfg.name, srv.url, settings, target, results)
-        entry = _run_rates(cfg.name, srv.url, settings, target, results)
+        phases.run_levels(cfg.name, srv.url, settings, target, results)
+        entry = phases.run_rates(cfg.name, srv.url, settings, target, results)
         for c in settings.profile_at:
             profiled = _profile(cfg.name, srv.url, c, settings, target, log)
             entry = results.configs[cfg.name] = replace(entry, profiles=(*entry.profiles, profiled))
@@ -157,94 +152,6 @@ def run_config(cfg: Config, settings: RunSettings, target: RunTarget, results: R
         graph_sets=tuple(captured_graph_sets(log_text)),
         log_counters={r: (SwitchCounters.of(rl.counters) if rl.counters else None) for r, rl in ranks.items()},
     )
-
-
-def _run_levels(name: str, url: str, settings: RunSettings, target: RunTarget, results: RunResults) -> ConfigRecord:
-    """Measure each level in turn, saving the run after each; the config's record with its levels."""
-    entry = results.configs[name]
-    for c in settings.levels:
-        level = _run_level(name, url, c, settings, target)
-        entry = results.configs[name] = replace(entry, levels=(*entry.levels, level))
-        _save(results, target.out, plot=False)
-    return entry
-
-
-def _run_level(name: str, url: str, c: int, settings: RunSettings, target: RunTarget) -> LevelRecord:
-    n = requests_for_level(settings.num_requests, settings.waves, c)
-    batch = target.prompts_for_level(n)
-    client.flush_cache(url)
-    before = parse_metrics(client.get_metrics(url))
-    with tqdm(total=n, desc=f"[{name}] C={c}", disable=not sys.stderr.isatty(), leave=False) as bar:
-        lr = client.run_level(
-            url,
-            batch,
-            c,
-            settings.sampling,
-            on_done=lambda done, _: bar.update(done - bar.n),
-            max_new_tokens=settings.output_lengths(c, n),
-        )
-    metrics = client.get_metrics(url)
-    counters, threshold = SwitchCounters.between(before, parse_metrics(metrics)), parse_threshold(metrics)
-    errors = lr.errors[:5] + ([f"... {len(lr.errors)} errors"] if len(lr.errors) > 5 else [])
-    logger.info(
-        f"[{name}] C={c:>3} n={n:>3}: {lr.tok_per_s:9.1f} tok/s  wall {lr.wall_s:6.1f}s"
-        + (f"  counters {counters.to_json()}" if counters is not None else "")
-        + (f"  threshold {threshold}" if threshold is not None else "")
-        + (f"  ERRORS {len(lr.errors)}: {lr.errors[0]}" if lr.errors else "")
-    )
-    return LevelRecord(
-        concurrency=c,
-        requests=n,
-        output_tokens=lr.output_tokens,
-        wall_s=round(lr.wall_s, 3),
-        tok_per_s=round(lr.tok_per_s, 1),
-        errors=tuple(errors),
-        counters=counters,
-        wave_tok_per_s=tuple(round(w, 1) for w in lr.wave_tok_per_s()),
-        wave_send_spread_s=tuple(round(s, 4) for s in lr.wave_send_spread_s()),
-        switch_threshold=threshold,
-    )
-
-
-def _run_rates(name: str, url: str, settings: RunSettings, target: RunTarget, results: RunResults) -> ConfigRecord:
-    """The open loop: each request rate in turn on the config's server, saving the run after each."""
-    entry = results.configs[name]
-    for rate in settings.request_rates:
-        rec = _run_rate(name, url, rate, settings, target)
-        entry = results.configs[name] = replace(entry, rates=(*entry.rates, rec))
-        _save(results, target.out, plot=False)
-    return entry
-
-
-def _run_rate(name: str, url: str, rate: float, settings: RunSettings, target: RunTarget) -> OpenRateRecord:
-    """One rate's requests, with the switch's steps over the measured ones (from /metrics)."""
-    n, settle = settings.requests_for_rate(rate), settings.settling_requests(rate)
-    client.flush_cache(url)  # as before each closed-loop level: no prefix cached from the last rate
-    label = f"[{name}] rate={rate_label(rate)}/s"
-    before: list[Counters | None] = []
-    with tqdm(total=settle + n, desc=label, disable=not sys.stderr.isatty(), leave=False) as bar:
-        run = open_loop.run_rate(
-            url,
-            target.prompts_for_level(settle + n),
-            rate,
-            settings.sampling,
-            seed=settings.seed,
-            on_done=lambda done, _: bar.update(done - bar.n),
-            settle=settle,
-            on_measured_start=lambda: before.append(parse_metrics(client.get_metrics(url))),
-        )
-    metrics = client.get_metrics(url)
-    counters = SwitchCounters.between(before[0] if before else None, parse_metrics(metrics))
-    rec = replace(run.record(), counters=counters, switch_threshold=parse_threshold(metrics))
-    logger.info(
-        f"{label} n={n}: {rec.output_tok_per_s:9.1f} tok/s  {rec.request_per_s:.2f} req/s  "
-        f"arrivals {rec.arrival_rate or 0:.2f}/s  TTFT p50 {rec.ttft_p50_ms or 0:.0f} ms  "
-        f"TPOT p50 {rec.tpot_p50_ms or 0:.1f} ms  wall {rec.duration_s:.1f}s"
-        + (f"  counters {counters.to_json()}" if counters is not None else "")
-        + (f"  threshold {rec.switch_threshold}" if rec.switch_threshold is not None else "")
-        + (f"  ERRORS {rec.error_count}: {rec.errors[0]}" if rec.errors else "")
-    )
-    return rec
 
 
 def _profile(name: str, url: str, c: int, settings: RunSettings, target: RunTarget, log: Path) -> ProfileRecord:
@@ -272,10 +179,6 @@ def _profile(name: str, url: str, c: int, settings: RunSettings, target: RunTarg
         f"[{name}] profile at C={c}: GPU idle {100 * summary.gpu_idle_fraction:.0f}% of {summary.window_ms:.1f} ms"
     )
     return ProfileRecord(c, summary=summary, window=window)
-
-
-def _save(results: RunResults, out: Path, plot: bool) -> tuple[Analysis, dict[str, Path | None]]:
-    return report.write_all(results, out, plot=plot)
 
 
 def _meta(args: argparse.Namespace, settings: RunSettings, target: RunTarget, imported: str) -> dict[str, Any]:
@@ -339,7 +242,7 @@ def command(args: argparse.Namespace) -> int:
         + f", {settings.max_new_tokens} new tokens -> {out}"
     )
     failed = _run_configs(cfgs, settings, target, results, args.time_budget)
-    analysis, paths = _save(results, out, plot=True)
+    analysis, paths = phases.save(results, out, plot=True)
     print(report.markdown(results, analysis))
     for line in recommended_flags(analysis, tree, out):
         print(line)
@@ -372,7 +275,7 @@ def _run_configs(
             results.configs[cfg.name] = replace(results.configs.get(cfg.name, ConfigRecord()), failed=str(e)[:2000])
             failed.append(cfg.name)
         durations.append(time.monotonic() - t_cfg)
-        _save(results, target.out, plot=False)
+        phases.save(results, target.out, plot=False)
     return failed
 
 
