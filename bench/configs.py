@@ -213,6 +213,8 @@ def parse_configs(text: str) -> list[Config]:
 
 
 AGAIN = "-again"
+# A config's record for the run's second traffic (--then-prompts), served by the same server.
+THEN = "-then"
 
 
 def repeated(cfgs: list[Config], name: str) -> Config:
@@ -221,6 +223,11 @@ def repeated(cfgs: list[Config], name: str) -> Config:
     if not first:
         raise ValueError(f"--repeat {name}: not one of the run's configs ({', '.join(c.name for c in cfgs)})")
     return replace(first[0], name=name + AGAIN, compare_to=(name,), help=f"{name} again, for the run-to-run noise")
+
+
+def then_name(name: str) -> str:
+    """The record of a config's levels on the second traffic (--then-prompts)."""
+    return name + THEN
 
 
 def num_steps(cfg: Config) -> int:

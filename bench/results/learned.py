@@ -9,7 +9,7 @@ start, is shown beside it.
 
 from __future__ import annotations
 
-from bench.configs import BASELINE_NOSPEC, declared_references
+from bench.configs import BASELINE_NOSPEC, THEN, declared_references, then_name
 from bench.results.analysis import Recommendation, recommend, series
 from bench.results.records import ConfigRecord, RateKey, RunResults
 
@@ -27,8 +27,10 @@ def learned_lines(run: RunResults) -> list[str]:
 
 
 def _crossovers(run: RunResults, name: str, cfg: ConfigRecord) -> str:
-    nospec = run.configs.get(BASELINE_NOSPEC)
-    spec = next((r for r in declared_references(name, cfg.compare_to) if r != BASELINE_NOSPEC), None)
+    # a second traffic's record (-then) against its references' records on that traffic
+    nospec_name = then_name(BASELINE_NOSPEC) if name.endswith(THEN) else BASELINE_NOSPEC
+    nospec = run.configs.get(nospec_name)
+    spec = next((r for r in declared_references(name, cfg.compare_to) if r != nospec_name), None)
     if nospec is None or spec is None or spec not in run.configs:
         return "no nospec and always-speculating reference in this run to compare with."
     keys: tuple[tuple[str, RateKey], ...] = (("decode step", "decode_tok_per_s"), ("output", "tok_per_s"))
@@ -36,7 +38,7 @@ def _crossovers(run: RunResults, name: str, cfg: ConfigRecord) -> str:
         f"{label} {_crossover_text(recommend(series(nospec.levels, key), series(run.configs[spec].levels, key)))}"
         for label, key in keys
     ]
-    return f"the run's crossover of `{spec}` and `nospec`: " + ", ".join(found) + "."
+    return f"the run's crossover of `{spec}` and `{nospec_name}`: " + ", ".join(found) + "."
 
 
 def _crossover_text(rec: Recommendation) -> str:

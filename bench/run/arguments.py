@@ -206,6 +206,15 @@ def _add_sweep_args(ap: argparse.ArgumentParser) -> None:
         default=None,
         help=f"prompt file (.jsonl/.json/.txt; default {client.DEFAULT_PROMPTS.name})",
     )
+    ap.add_argument(
+        "--then-prompts",
+        type=Path,
+        default=None,
+        help="after each config's levels (and rates and profiles), serve its --concurrency levels again on "
+        "the same server with these prompts: traffic whose acceptance differs (e.g. "
+        f"bench/data/{client.DEFAULT_PROMPTS.name} after a trained set's code snippets), which a learning "
+        "switch (auto) must follow; reported as CONFIG-then, compared with its references' own -then",
+    )
     ap.add_argument("--chat-template", action="store_true", help="wrap prompts with the model's chat template")
 
 

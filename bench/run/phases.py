@@ -1,5 +1,6 @@
 """What a config's running server is measured on: the closed loop's concurrency levels and the open
-loop's request rates, each saved to the run's results as it ends."""
+loop's request rates, the levels again on a second traffic, each saved to the run's results as it
+ends."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from bench.configs import then_name
 from bench.results import report
 from bench.results.logparse import Counters, parse_metrics, parse_threshold
 from bench.results.open_records import OpenRateRecord, rate_label
@@ -23,12 +25,20 @@ logger = logging.getLogger(__name__)
 
 def run_levels(name: str, url: str, settings: RunSettings, target: RunTarget, results: RunResults) -> ConfigRecord:
     """Measure each level in turn, saving the run after each; the config's record with its levels."""
-    entry = results.configs[name]
     for c in settings.levels:
-        level = _run_level(name, url, c, settings, target)
-        entry = results.configs[name] = replace(entry, levels=(*entry.levels, level))
-        save(results, target.out, plot=False)
-    return entry
+        _append(results, target.out, name, _run_level(name, url, c, settings, target))
+    return results.configs[name]
+
+
+def run_then_levels(name: str, url: str, settings: RunSettings, target: RunTarget, results: RunResults) -> ConfigRecord:
+    """The levels again with --then-prompts on the same server (whatever a learning switch learned
+    stays), recorded as then_name(name) and compared with its references' own second traffic."""
+    first = results.configs[name]
+    then = then_name(name)
+    results.configs[then] = ConfigRecord(
+        flags=first.flags, env=first.env, compare_to=tuple(then_name(r) for r in first.compare_to)
+    )
+    return run_levels(then, url, settings, replace(target, prompts=target.then_prompts), results)
 
 
 def _run_level(name: str, url: str, c: int, settings: RunSettings, target: RunTarget) -> LevelRecord:
@@ -70,12 +80,20 @@ def _run_level(name: str, url: str, c: int, settings: RunSettings, target: RunTa
 
 def run_rates(name: str, url: str, settings: RunSettings, target: RunTarget, results: RunResults) -> ConfigRecord:
     """The open loop: each request rate in turn on the config's server, saving the run after each."""
-    entry = results.configs[name]
     for rate in settings.request_rates:
-        rec = _run_rate(name, url, rate, settings, target)
-        entry = results.configs[name] = replace(entry, rates=(*entry.rates, rec))
-        save(results, target.out, plot=False)
-    return entry
+        _append(results, target.out, name, _run_rate(name, url, rate, settings, target))
+    return results.configs[name]
+
+
+def _append(results: RunResults, out: Path, name: str, measured: LevelRecord | OpenRateRecord) -> None:
+    """One more level or rate on the config's record, and the run saved."""
+    entry = results.configs[name]
+    if isinstance(measured, LevelRecord):
+        entry = replace(entry, levels=(*entry.levels, measured))
+    else:
+        entry = replace(entry, rates=(*entry.rates, measured))
+    results.configs[name] = entry
+    save(results, out, plot=False)
 
 
 def _run_rate(name: str, url: str, rate: float, settings: RunSettings, target: RunTarget) -> OpenRateRecord:

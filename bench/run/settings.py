@@ -153,6 +153,9 @@ class RunTarget:
     prompts: tuple[str, ...]
     out: Path
     prompts_file: str  # where the prompts came from, for the run's meta
+    # The second traffic (--then-prompts): its prompts and file; empty: none.
+    then_prompts: tuple[str, ...] = ()
+    then_prompts_file: str | None = None
 
     def prompts_for_level(self, n: int, offset: int = 0) -> list[str]:
         return client.prompts_for_level(list(self.prompts), n, offset)
@@ -172,10 +175,27 @@ def run_target(args: argparse.Namespace, tree: Path, out: Path) -> RunTarget:
         # A trained set's own held-out prompts: hundreds, so no wave holds one prompt twice (the
         # shared set's 38 would, and whether two such requests share KV depends on timing).
         prompts_file = prompts_file or fx.prompts_file()
+    prompts = _prompts("--prompts", prompts_file, model, args.chat_template)
+    then: list[str] = []
+    if args.then_prompts:
+        if args.request_rates and not args.concurrency:
+            raise BenchUsageError("--then-prompts serves the --concurrency levels again: give --concurrency too")
+        then = _prompts("--then-prompts", args.then_prompts, model, args.chat_template)
+    return RunTarget(
+        tree,
+        model,
+        draft,
+        tuple(prompts),
+        out,
+        str(prompts_file or client.DEFAULT_PROMPTS.name),
+        tuple(then),
+        str(args.then_prompts) if args.then_prompts else None,
+    )
+
+
+def _prompts(flag: str, path: Path | str | None, model: str, chat_template: bool) -> list[str]:
     try:
-        prompts = client.load_prompts(prompts_file)
+        prompts = client.load_prompts(path)
     except (OSError, ValueError) as e:
-        raise BenchUsageError(f"--prompts: {e}") from None
-    if args.chat_template:
-        prompts = client.apply_chat_template(prompts, model)
-    return RunTarget(tree, model, draft, tuple(prompts), out, str(prompts_file or client.DEFAULT_PROMPTS.name))
+        raise BenchUsageError(f"{flag}: {e}") from None
+    return client.apply_chat_template(prompts, model) if chat_template else prompts

@@ -19,6 +19,7 @@ from bench.configs import (
     num_steps,
     parse_configs,
     repeated,
+    then_name,
     write_off_above_tiers,
 )
 from bench.errors import BenchError, BenchUsageError
@@ -145,9 +146,21 @@ def run_config(cfg: Config, settings: RunSettings, target: RunTarget, results: R
         for c in settings.profile_at:
             profiled = _profile(cfg.name, srv.url, c, settings, target, log)
             entry = results.configs[cfg.name] = replace(entry, profiles=(*entry.profiles, profiled))
-    log_text = log.read_text(errors="replace")
+        then_from = None
+        if target.then_prompts:
+            then_from = log.stat().st_size  # the second traffic's part of the log starts here
+            phases.run_then_levels(cfg.name, srv.url, settings, target, results)
+    raw = log.read_bytes()
+    results.configs[cfg.name] = _with_log(entry, raw[:then_from].decode(errors="replace"))
+    if then_from is not None:
+        then = then_name(cfg.name)
+        results.configs[then] = _with_log(results.configs[then], raw[then_from:].decode(errors="replace"))
+
+
+def _with_log(entry: ConfigRecord, log_text: str) -> ConfigRecord:
+    """The record with what its part of the server log says: decode rates, graph sets, counters."""
     ranks = parse_log(log_text)
-    results.configs[cfg.name] = replace(
+    return replace(
         report.with_decode_rates(entry, log_text),
         graph_sets=tuple(captured_graph_sets(log_text)),
         log_counters={r: (SwitchCounters.of(rl.counters) if rl.counters else None) for r, rl in ranks.items()},
@@ -195,6 +208,7 @@ def _meta(args: argparse.Namespace, settings: RunSettings, target: RunTarget, im
         **({"output_len_spread": settings.output_len_spread} if settings.output_len_spread else {}),
         "temperature": settings.temperature,
         "prompts": target.prompts_file,
+        **({"then_prompts": target.then_prompts_file} if target.then_prompts_file else {}),
         "sglang": imported,
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "extra_flags": settings.extra_flags,

@@ -62,6 +62,20 @@ def levels(series: dict[int, float], counters: bool = False) -> tuple[LevelRecor
     )
 
 
+def decode_level(c: int, out: float, decode: float, threshold: int | None = None) -> LevelRecord:
+    """A level with its output and steady decode-step rates (and a learned threshold)."""
+    return LevelRecord(
+        concurrency=c,
+        requests=3 * c,
+        output_tokens=int(out),
+        wall_s=1.0,
+        tok_per_s=out,
+        decode_tok_per_s=decode,
+        decode_lines=4,
+        switch_threshold=threshold,
+    )
+
+
 def user_results() -> RunResults:
     switch = {c: max(USER_NOSPEC[c], USER_SPEC[c]) * (0.97 if c != 10 else 0.9) for c in LEVELS}
     return RunResults(

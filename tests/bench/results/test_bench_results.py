@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from bench_helpers import DATA  # noqa: E402
+from bench_helpers import DATA, decode_level  # noqa: E402
 
 from bench import cli  # noqa: E402
 from bench.results import report  # noqa: E402
@@ -271,17 +271,7 @@ def test_wave_send_spans_round_trip_and_the_longest_is_reported_beside_the_waves
 
 
 def test_learned_thresholds_round_trip_and_are_reported_beside_the_crossovers() -> None:
-    def level(c: int, out: float, decode: float, threshold: int | None = None) -> LevelRecord:
-        return LevelRecord(
-            concurrency=c,
-            requests=3 * c,
-            output_tokens=int(out),
-            wall_s=1.0,
-            tok_per_s=out,
-            decode_tok_per_s=decode,
-            decode_lines=4,
-            switch_threshold=threshold,
-        )
+    level = decode_level
 
     auto = (level(10, 2200, 3100, 12), level(30, 5300, 5900, 19))
     assert LevelRecord.from_json(_json(auto[1].to_json()), "level") == auto[1]

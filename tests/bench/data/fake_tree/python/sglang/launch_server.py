@@ -2,7 +2,8 @@
 
 Generates `max_new_tokens` ids after a short sleep (streamed a token every 2 ms with "stream": true); counts spec/fallback steps by concurrency when
 --speculative-disable-batch-size is given; logs spec-switch lines like the patch and a decode line
-per request; /start_profile writes a small rank-0 trace (FAKE_TRACE) into the output_dir it is given.
+per request (and its text, with FAKE_LOG_PROMPTS=1); /start_profile writes a small rank-0 trace
+(FAKE_TRACE) into the output_dir it is given.
 """
 
 import argparse
@@ -95,6 +96,8 @@ class H(BaseHTTPRequestHandler):
             threading.Thread(target=write_trace, args=(body["output_dir"],), daemon=True).start()
             return self._send(200, "Start profiling.", "text/plain")
         n = int(body.get("sampling_params", {}).get("max_new_tokens", 16))
+        if os.environ.get("FAKE_LOG_PROMPTS"):
+            print(f"[fake TP0] request text: {body.get('text', '')[:40]!r}", flush=True)
         with lock:
             state["inflight"] += 1
             bs = state["inflight"]
