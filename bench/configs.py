@@ -230,6 +230,11 @@ def then_name(name: str) -> str:
     return name + THEN
 
 
+def first_traffic_name(name: str) -> str | None:
+    """The config a second traffic's record (then_name) belongs to; None for any other record."""
+    return name[: -len(THEN)] if name.endswith(THEN) else None
+
+
 def num_steps(cfg: Config) -> int:
     """The config's --speculative-num-steps."""
     return int(cfg.flags[cfg.flags.index("--speculative-num-steps") + 1])

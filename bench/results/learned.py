@@ -9,7 +9,7 @@ start, is shown beside it.
 
 from __future__ import annotations
 
-from bench.configs import BASELINE_NOSPEC, THEN, declared_references, then_name
+from bench.configs import BASELINE_NOSPEC, declared_references, first_traffic_name, then_name
 from bench.results.analysis import Recommendation, recommend, series
 from bench.results.records import ConfigRecord, RateKey, RunResults
 
@@ -28,7 +28,7 @@ def learned_lines(run: RunResults) -> list[str]:
 
 def _crossovers(run: RunResults, name: str, cfg: ConfigRecord) -> str:
     # a second traffic's record (-then) against its references' records on that traffic
-    nospec_name = then_name(BASELINE_NOSPEC) if name.endswith(THEN) else BASELINE_NOSPEC
+    nospec_name = then_name(BASELINE_NOSPEC) if first_traffic_name(name) else BASELINE_NOSPEC
     nospec = run.configs.get(nospec_name)
     spec = next((r for r in declared_references(name, cfg.compare_to) if r != nospec_name), None)
     if nospec is None or spec is None or spec not in run.configs:

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from bench.configs import AGAIN, BASELINE_NOSPEC, BASELINE_SPEC, THEN, declared_references
+from bench.configs import AGAIN, BASELINE_NOSPEC, BASELINE_SPEC, declared_references, first_traffic_name
 from bench.results import open_report
 from bench.results.analysis import Recommendation, best_of_ratios, recommend, series
 from bench.results.boundaries import prefill_batches_by_level
@@ -35,7 +35,13 @@ def analyse(run: RunResults) -> Analysis:
     recs: dict[str, Recommendation] = {}
     for name, c in cfgs.items():
         # a second traffic's records (-then) are not compared with the first traffic's nospec
-        if nospec is not None and name in s and name != BASELINE_NOSPEC and _always_speculative(c) and not then(name):
+        if (
+            nospec is not None
+            and name in s
+            and name != BASELINE_NOSPEC
+            and _always_speculative(c)
+            and not first_traffic_name(name)
+        ):
             recs[name] = recommend(nospec, s[name])
     decode = {name: series(c.levels, "decode_tok_per_s") for name, c in cfgs.items()}
     return Analysis(
@@ -44,11 +50,6 @@ def analyse(run: RunResults) -> Analysis:
         ratios=_ratios(cfgs, s),
         decode_ratios=_ratios(cfgs, {k: v for k, v in decode.items() if v}),
     )
-
-
-def then(name: str) -> bool:
-    """A config's record on the run's second traffic (--then-prompts)."""
-    return name.endswith(THEN)
 
 
 def _always_speculative(c: ConfigRecord) -> bool:
@@ -191,8 +192,8 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
         )
         out.append("")
     for name, c in cfgs.items():
-        if then(name):
-            out.append(f"- `{name}`: `{name[: -len(THEN)]}`'s server, after it, on the prompts of then_prompts")
+        if first := first_traffic_name(name):
+            out.append(f"- `{name}`: `{first}`'s server, after it, on the prompts of then_prompts")
             continue
         env = " ".join(f"{k}={v}" for k, v in c.env.items())
         out.append(f"- `{name}`: `{(env + ' ') if env else ''}{' '.join(c.flags or ()) or '(no speculation flags)'}`")

@@ -178,10 +178,9 @@ def first_verifies_after_prefill(log_text: str, log: Path) -> float:
 
 
 def drafts_per_line(lines: list[DecodeLine]) -> float:
-    """Accepted drafts per verify step over decode lines of one verify step each."""
-    pairs = [(d.batch_size, d.batch_size * (d.accept_len - 1)) for d in lines if d.accept_len is not None]
-    assert len(pairs) == len(lines), "a verify step's decode line without an accept length"
-    return sum(a for _, a in pairs) / max(1, sum(bs for bs, _ in pairs))
+    """Accepted drafts per verify step over decode lines of one verify step each (their accept
+    lengths checked by the caller): each line is its batch's verify steps."""
+    return drafts_per_verify([(d.batch_size, d.batch_size * ((d.accept_len or 1.0) - 1)) for d in lines])
 
 
 def compared(got: Acceptance, want: Acceptance) -> str:
@@ -203,7 +202,7 @@ def assert_draft_current(label: str, got: Acceptance, want: Acceptance) -> None:
     )
 
 
-def drafts_per_verify(pairs: list[tuple[int, int]]) -> float:
+def drafts_per_verify(pairs: list[tuple[int, float]]) -> float:
     """(verify steps, accepted drafts) pairs: accepted drafts per verify step over all of them."""
     return sum(a for _, a in pairs) / max(1, sum(v for v, _ in pairs))
 
