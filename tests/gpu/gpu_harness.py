@@ -31,13 +31,21 @@ WORKERS: dict[str, tuple[list[str], dict[str, str]]] = {
     "v1": (EAGLE_V1, {}),
     "v2": (EAGLE_V2, dict(V2_ENV)),
 }
-# The v2 worker's --speculative-num-steps: the steps an adaptive tier file gives it below the tier.
-V2_STEPS = int(EAGLE_V2[EAGLE_V2.index("--speculative-num-steps") + 1])
 GREEDY = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
 # What a reference run asks for, so a divergence's gap can be read off the no-speculation server.
 REFERENCE_LOGPROBS = {"return_logprob": True, "top_logprobs_num": 5}
 LOGS_SEEN: list[Path] = []
 _RUNS: dict[str, Any] = {}
+
+
+def num_steps(worker: str) -> int:
+    """The worker's --speculative-num-steps: the most drafts one verify step can accept."""
+    flags = WORKERS[worker][0]
+    return int(flags[flags.index("--speculative-num-steps") + 1])
+
+
+# The steps an adaptive tier file gives the v2 worker below the tier.
+V2_STEPS = num_steps("v2")
 
 
 def once(key: str, make: Any) -> Any:
