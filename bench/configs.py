@@ -62,6 +62,7 @@ class Config:
     adaptive_tiers: bool = False
     since: str = ""  # the SGLang release whose flags the config needs ("": this series' v0.5.9 line)
     env_needed: tuple[str, ...] = ()  # variables of its env the tree's SGLang must declare (environ.py)
+    tree: Path | None = None  # served from this tree, not the run's (--without)
 
     @property
     def speculative(self) -> bool:

@@ -308,6 +308,33 @@ def read_patch(path: Path, name: str | None = None) -> Patch:
     return parse_patch_text(data.decode("utf-8", "surrogateescape"), name or path.name)
 
 
+_REVERSED_KIND = {"+": "-", "-": "+", " ": " "}
+_HUNK_RANGES_RE = re.compile(r"^@@ -(\S+) \+(\S+) @@")
+
+
+def _reversed_hunk(h: Hunk) -> Hunk:
+    header = _HUNK_RANGES_RE.sub(lambda m: f"@@ -{m.group(2)} +{m.group(1)} @@", h.header)
+    lines = tuple(HunkLine(_REVERSED_KIND[ln.kind], ln.text) for ln in h.lines)
+    return Hunk(h.target_start, h.target_length, h.source_start, h.source_length, header, lines)
+
+
+def reversed_patch(patch: Patch) -> Patch:
+    """The patch that undoes this one (as ``git apply -R``): each hunk's sides swapped, and each
+    file's, so a tree the patch was applied to can be checked and restored hunk by hunk."""
+    files = tuple(
+        FilePatch(
+            source=fp.target,
+            target=fp.source,
+            hunks=tuple(_reversed_hunk(h) for h in fp.hunks),
+            is_binary=fp.is_binary,
+            old_blob=fp.new_blob,
+            new_blob=fp.old_blob,
+        )
+        for fp in patch.files
+    )
+    return Patch(name=f"{patch.name} (reversed)", header=patch.header, fields=patch.fields, files=files)
+
+
 def index_problems(patch: Patch) -> list[str]:
     """Files changed without full blob ids: those ids are how an edited hunk is told from the one
     refresh wrote (hunkcheck's damaged-file check), so without them a hand edit would go unnoticed."""

@@ -181,6 +181,15 @@ def _add_sweep_args(ap: argparse.ArgumentParser) -> None:
         "noise a comparison within the run must beat (two speculating servers differ more than two "
         "plain ones: repeat both kinds to judge a ratio between them)",
     )
+    ap.add_argument(
+        "--without",
+        metavar="PATCH",
+        default=None,
+        help="serve each speculating config once more from a copy of the tree with this one patch "
+        "undone (a patch of --ref's series by number or file name, or a patch file), as "
+        "CONFIG-without-NNNN, and report its ratio to CONFIG per level or rate: the patch's own effect, "
+        "measured side by side; refused when later patches build on its lines",
+    )
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 512 (--quick 128)")
     ap.add_argument(
         "--output-len-spread",

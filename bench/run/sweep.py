@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import shlex
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -34,7 +35,7 @@ from bench.results.records import (
     read_results,
 )
 from bench.results.switch_counters import SwitchCounters
-from bench.run import client, phases
+from bench.run import ablation, client, phases
 from bench.run.releases import configs_for_tree, recommended_flags
 from bench.run.server import (
     PROJECT_ROOT,
@@ -133,7 +134,7 @@ def run_config(cfg: Config, settings: RunSettings, target: RunTarget, results: R
     entry = results.configs[cfg.name] = ConfigRecord(flags=tuple(flags), env=dict(cfg.env), compare_to=cfg.compare_to)
     log = target.out / "logs" / f"{cfg.name}.log"
     t0 = time.monotonic()
-    with Server(spec, log, target.tree) as srv:
+    with Server(spec, log, cfg.tree or target.tree) as srv:
         logger.info(f"[{cfg.name}] server up in {time.monotonic() - t0:.0f}s: {srv.command}")
         entry = results.configs[cfg.name] = replace(entry, startup_s=round(time.monotonic() - t0, 1))
         for c in warm_up_levels([settings.warm_up_top]):
@@ -236,19 +237,38 @@ def command(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise BenchUsageError(str(e)) from None
     tree = resolve_tree(args.tree, args.ref)
-    cfgs = named or parse_configs(",".join(configs_for_tree(tree)))
+    with tempfile.TemporaryDirectory(prefix="bench-trees-") as scratch:
+        cfgs = _configs(args, named or parse_configs(",".join(configs_for_tree(tree))), tree, Path(scratch))
+        return _run(args, settings, cfgs, tree)
+
+
+def _configs(args: argparse.Namespace, cfgs: list[Config], tree: Path, scratch: Path) -> list[Config]:
+    """The run's configs, then --without's twins of them (their trees in scratch), then --repeat's."""
+    extra: list[Config] = []
+    if args.without:
+        extra = ablation.twins(cfgs, ablation.tree_without(tree, ablation.find_patch(args.ref, args.without), scratch))
+        if not extra:
+            raise BenchUsageError(
+                f"--without {args.without}: none of the run's configs speculates, so none is served without it"
+            )
     if args.repeat:
         try:
             names = dict.fromkeys(name.strip() for name in args.repeat.split(",") if name.strip())
-            cfgs += [repeated(cfgs, name) for name in names]
+            cfgs = cfgs + [repeated(cfgs, name) for name in names]
         except ValueError as e:
             raise BenchUsageError(str(e)) from None
+    return cfgs + extra
+
+
+def _run(args: argparse.Namespace, settings: RunSettings, cfgs: list[Config], tree: Path) -> int:
     out = args.out or PROJECT_ROOT / "build" / "bench" / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     refuse_unsupported(cfgs, tree)
     imported = check_tree(tree, require_switch=any(c.switch for c in cfgs))
     target = run_target(args, tree, out)
     results = RunResults(meta=_meta(args, settings, target, imported))
+    if own := {c.name: str(c.tree) for c in cfgs if c.tree}:
+        results.meta["trees of their own"] = own  # --without's: the run's tree with one patch undone
     logger.info(
         f"bench: {len(cfgs)} config(s) x levels {list(settings.levels)}, max({settings.num_requests}, "
         f"{settings.waves} x C) requests"
