@@ -104,7 +104,7 @@ bench: ## benchmarks (the bench package) on the line's tree
 
 new: ## a commit message template for a new patch: make new SUBJECT='area: what it fixes'
 	@$(SETUP)
-	@test -n '$(SUBJECT)' || { echo "usage: make new SUBJECT='speculative: what the patch fixes'"; exit 2; }
+	@test -n $(call quote,$(SUBJECT)) || { echo "usage: make new SUBJECT='speculative: what the patch fixes'"; exit 2; }
 	$(TOOL) new $(call quote,$(SUBJECT))
 
 bundle: check ## offline bundle (.gpu) of a line's patched tree for a GPU machine without network, stamped with its series

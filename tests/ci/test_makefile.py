@@ -54,6 +54,17 @@ def test_other_values_are_text_even_under_dry_run(tmp_path: Path, var: str) -> N
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("words", ["x'; touch {x}; echo '", "the batch's ids; touch {x}"])
+@pytest.mark.parametrize("dry", [True, False])
+def test_a_patch_subject_is_text(tmp_path: Path, dry: bool, words: str) -> None:
+    marker = tmp_path / "x"
+    subject = "speculative: " + words.format(x=marker)
+    res = make(*(["-n"] if dry else []), "new", f"SUBJECT={subject}", "PYTHON=false")
+    assert not marker.exists(), res.stdout + res.stderr
+    if dry:
+        assert commands("new", f"SUBJECT={subject}", "PYTHON=python3")[-1][-2:] == ["new", subject]
+
+
 def test_paths_and_arguments_arrive_as_the_user_wrote_them() -> None:
     tree = "/tmp/a tree/with 'quote' and $(dollar)"
     cmd = commands("apply", f"TREE={tree}", "PYTHON=python3")[-1]
