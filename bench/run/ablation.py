@@ -78,8 +78,21 @@ def tree_without(tree: Path, patch_file: Path, workdir: Path) -> Ablation:
     return Ablation(patch.name, patch.name.split("-", 1)[0], copy)
 
 
-def twins(cfgs: list[Config], ablation: Ablation) -> list[Config]:
-    """Each speculating config again, served from the ablation's tree and compared with itself."""
+def twins(cfgs: list[Config], ablation: Ablation, names: str | None = None) -> list[Config]:
+    """The configs named (comma-separated; default: the speculating ones) again, served from the
+    ablation's tree, each compared with itself."""
+    wanted = [n.strip() for n in names.split(",") if n.strip()] if names else [c.name for c in cfgs if c.speculative]
+    unknown = [n for n in wanted if n not in {c.name for c in cfgs}]
+    if unknown or not wanted:
+        raise BenchUsageError(
+            f"--without {ablation.patch}: "
+            + (
+                f"{', '.join(unknown)} not among the run's configs"
+                if unknown
+                else "none of the run's configs speculates"
+            )
+            + f" ({', '.join(c.name for c in cfgs)}); name them with --without-configs"
+        )
     return [
         replace(
             c,
@@ -89,5 +102,5 @@ def twins(cfgs: list[Config], ablation: Ablation) -> list[Config]:
             help=f"{c.name} without {ablation.patch}",
         )
         for c in cfgs
-        if c.speculative
+        if c.name in wanted
     ]

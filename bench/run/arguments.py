@@ -190,6 +190,13 @@ def _add_sweep_args(ap: argparse.ArgumentParser) -> None:
         "CONFIG-without-NNNN, and report its ratio to CONFIG per level or rate: the patch's own effect, "
         "measured side by side; refused when later patches build on its lines",
     )
+    ap.add_argument(
+        "--without-configs",
+        metavar="CONFIGS",
+        default=None,
+        help="the configs (comma-separated, of --configs) --without serves again (default: the "
+        "speculating ones; name nospec too for a patch that changes plain serving, such as 0001)",
+    )
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 512 (--quick 128)")
     ap.add_argument(
         "--output-len-spread",

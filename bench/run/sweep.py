@@ -246,11 +246,10 @@ def _configs(args: argparse.Namespace, cfgs: list[Config], tree: Path, scratch: 
     """The run's configs, then --without's twins of them (their trees in scratch), then --repeat's."""
     extra: list[Config] = []
     if args.without:
-        extra = ablation.twins(cfgs, ablation.tree_without(tree, ablation.find_patch(args.ref, args.without), scratch))
-        if not extra:
-            raise BenchUsageError(
-                f"--without {args.without}: none of the run's configs speculates, so none is served without it"
-            )
+        undone = ablation.tree_without(tree, ablation.find_patch(args.ref, args.without), scratch)
+        extra = ablation.twins(cfgs, undone, args.without_configs)
+    elif args.without_configs:
+        raise BenchUsageError("--without-configs names the configs --without serves again: give --without PATCH")
     if args.repeat:
         try:
             names = dict.fromkeys(name.strip() for name in args.repeat.split(",") if name.strip())

@@ -83,3 +83,27 @@ def test_without_names_a_patch_of_the_series_by_its_number() -> None:
     assert ablation.find_patch(None, "0016").name == "0016-hidden-states-copy-on-request.patch"
     with pytest.raises(BenchUsageError, match="--without 0099: no patch of the v0.5.9 series matches it"):
         ablation.find_patch(None, "0099")
+
+
+def test_without_configs_names_the_configs_served_again(tmp_path: Path) -> None:
+    from bench.configs import parse_configs
+
+    undone = ablation.Ablation("0001-sm120-support.patch", "0001", tmp_path)
+    cfgs = parse_configs("nospec,spec-v2,switch-v2")
+    assert [c.name for c in ablation.twins(cfgs, undone)] == ["spec-v2-without-0001", "switch-v2-without-0001"]
+    both = ablation.twins(cfgs, undone, "nospec, switch-v2")
+    assert [(c.name, c.compare_to, c.tree) for c in both] == [
+        ("nospec-without-0001", ("nospec",), tmp_path),
+        ("switch-v2-without-0001", ("switch-v2",), tmp_path),
+    ]
+    with pytest.raises(BenchUsageError, match="spec-v1 not among the run's configs"):
+        ablation.twins(cfgs, undone, "spec-v1")
+    with pytest.raises(BenchUsageError, match="none of the run's configs speculates"):
+        ablation.twins(parse_configs("nospec"), undone)
+
+
+def test_without_configs_alone_is_refused(tmp_path: Path) -> None:
+    p = run_fake_bench(
+        tmp_path / "out", "--model", "/fake/target", "--configs", "nospec", "--without-configs", "nospec"
+    )
+    assert p.returncode == 2 and "give --without PATCH" in p.stderr, p.stderr[-2000:]
