@@ -23,11 +23,12 @@ from typing import Any
 import requests
 
 from bench.errors import BenchError
+from bench.results.host_calls import HostCalls, by_function
 from bench.results.logparse import parse_log
 from bench.run import client
 
 GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
-CPU_CATEGORIES = {"cpu_op"}  # traced without Python stacks, whose frames would nest everything
+CPU_CATEGORIES = {"cpu_op"}  # not python_function (--profile-stacks): its frames would nest everything
 RUNTIME_CATEGORY = "cuda_runtime"  # launches, copies and synchronisations: where the CPU waits
 TOP = 12
 
@@ -51,6 +52,7 @@ class ProfileSummary:
     top_kernels: list[tuple[str, float, int]] = field(default_factory=list)  # name, ms, count
     top_runtime_calls: list[tuple[str, float, int]] = field(default_factory=list)  # name, ms, count
     note: str = ""
+    host_calls: list[HostCalls] = field(default_factory=list)  # by SGLang function (--profile-stacks)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,6 +120,7 @@ def summarize(trace: dict[str, Any], note: str = "") -> ProfileSummary:
         top_kernels=_ranked(kernels),
         top_runtime_calls=_ranked(runtime),
         note=note,
+        host_calls=by_function(events),
     )
 
 
@@ -145,12 +148,12 @@ def _wait_for_full_batch(level: threading.Thread, log_path: Path, offset: int, c
     return ""
 
 
-def _start_profiler(url: str, out_dir: Path, num_steps: int) -> None:
+def _start_profiler(url: str, out_dir: Path, num_steps: int, with_stack: bool) -> None:
     body: dict[str, Any] = {
         "output_dir": str(out_dir),
         "num_steps": num_steps,
         "activities": ["CPU", "GPU"],
-        "with_stack": False,
+        "with_stack": with_stack,
         "record_shapes": False,
     }
     try:
@@ -171,6 +174,7 @@ def profile_level(
     log_path: Path,
     num_steps: int = 40,
     window: ProfileWindow = ProfileWindow.FULL_BATCH,
+    with_stack: bool = False,
     wait_s: float = 120.0,
     trace_wait_s: float = 60.0,
 ) -> ProfileSummary:
@@ -181,12 +185,12 @@ def profile_level(
     level = threading.Thread(target=client.run_level, args=(url, prompts, concurrency, sampling), daemon=True)
     note = ""
     if window is ProfileWindow.WAVE_START:
-        _start_profiler(url, out_dir, num_steps)  # the server is idle: its next steps are this wave's
+        _start_profiler(url, out_dir, num_steps, with_stack)  # the server is idle: its next steps are this wave's
         level.start()
     else:
         level.start()
         note = _wait_for_full_batch(level, log_path, offset, concurrency, wait_s)
-        _start_profiler(url, out_dir, num_steps)
+        _start_profiler(url, out_dir, num_steps, with_stack)
     level.join()
     deadline = time.monotonic() + trace_wait_s
     while True:
@@ -218,4 +222,10 @@ def markdown(
         lines.append(f"  - CUDA runtime calls: {runtime}")
     if gpu:
         lines.append(f"  - kernels: {gpu}")
+    calls = [HostCalls(**h) if isinstance(h, dict) else h for h in p.get("host_calls", [])]
+    if calls:
+        lines.append(
+            "  - host CUDA calls under each SGLang function (launches/copies/syncs, sync ms): "
+            + ", ".join(f"{h.function} {h.launches}/{h.copies}/{h.syncs} ({h.sync_ms:.1f})" for h in calls[:10])
+        )
     return lines

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from bench.results.fields import Fields, ResultsError, ranked_row
+from bench.results.host_calls import HostCalls
 from bench.results.profile import ProfileSummary, ProfileWindow
 
 
@@ -39,6 +40,7 @@ class ProfileRecord:
             "top_kernels": [list(row) for row in s.top_kernels],
             "top_runtime_calls": [list(row) for row in s.top_runtime_calls],
             "note": s.note,
+            **({"host_calls": [asdict(h) for h in s.host_calls]} if s.host_calls else {}),
         }
 
     @classmethod
@@ -64,6 +66,10 @@ class ProfileRecord:
                     top_kernels=ranked("top_kernels"),
                     top_runtime_calls=ranked("top_runtime_calls"),
                     note=r.text("note"),
+                    host_calls=[
+                        _host_calls(h, f"{where}.host_calls[{i}]")
+                        for i, h in enumerate(r.opt(r.items, "host_calls") or [])
+                    ],
                 ),
                 window=window,
             )
@@ -87,3 +93,12 @@ def _window(value: str, where: str) -> ProfileWindow:
         raise ResultsError(
             f"{where}: {value!r} is not a profile window ({', '.join(w.value for w in ProfileWindow)})"
         ) from None
+
+
+def _host_calls(data: Any, where: str) -> HostCalls:
+    r = Fields(data, where)
+    out = HostCalls(
+        r.text("function"), r.integer("launches"), r.integer("copies"), r.integer("syncs"), r.number("sync_ms")
+    )
+    r.closed()
+    return out

@@ -113,6 +113,13 @@ def _add_profile_args(ap: argparse.ArgumentParser) -> None:
         help="full-batch: decode steps once the wave's batch is full (default); wave-start: the "
         "wave's first steps, its prefill batches included (where a level's wave boundaries go)",
     )
+    ap.add_argument(
+        "--profile-stacks",
+        action="store_true",
+        help="trace Python stacks too, and report the host's kernel launches, copies and syncs under "
+        "each SGLang function that made them (which code a speculating server's extra host time "
+        "is); the host runs slower traced, so read counts from it, not times; profile fewer steps",
+    )
     ap.add_argument("--keep-traces", action="store_true", help="keep the profiler traces (OUT/profiles; large)")
 
 

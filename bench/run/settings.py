@@ -35,6 +35,7 @@ class RunSettings:
     profile_at: tuple[int, ...]  # profile one wave at each of these concurrencies after the levels
     profile_steps: int
     profile_window: profile.ProfileWindow
+    profile_stacks: bool  # trace Python stacks: host calls by SGLang function
     keep_traces: bool
     freeze_gc: bool  # POST /freeze_gc after each server's warm-up
     # The open loop (bench.run.open_loop), after the levels; empty: none.
@@ -65,6 +66,7 @@ class RunSettings:
             profile_at=tuple(args.profile_at or ()),
             profile_steps=args.profile_steps,
             profile_window=profile.ProfileWindow(args.profile_window),
+            profile_stacks=args.profile_stacks,
             keep_traces=args.keep_traces,
             freeze_gc=args.freeze_gc,
             request_rates=tuple(rates),

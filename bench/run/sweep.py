@@ -181,6 +181,7 @@ def _profile(name: str, url: str, c: int, settings: RunSettings, target: RunTarg
             log_path=log,
             num_steps=settings.profile_steps,
             window=window,
+            with_stack=settings.profile_stacks,
         )
     except profile.ProfileError as e:
         logger.info(f"[{name}] profile at C={c} failed: {e}")

@@ -34,12 +34,41 @@ FAKE_TRACE = {
     ]
 }
 
+# With stacks asked for (with_stack): the Python frames around the host's CUDA calls, as Kineto
+# writes them ("path(line): function", on the thread that made the calls).
+FRAME = "/tmp/tree/python/sglang/srt/{}"
+STACK_EVENTS = [
+    {
+        "ph": "X",
+        "cat": "python_function",
+        "name": FRAME.format("managers/scheduler.py(10): run_batch"),
+        "ts": 0,
+        "dur": 9000,
+        "pid": 1,
+        "tid": 1,
+    },
+    {
+        "ph": "X",
+        "cat": "python_function",
+        "name": FRAME.format("speculative/eagle_worker_v2.py(474): _draft_extend_for_prefill"),
+        "ts": 1000,
+        "dur": 2000,
+        "pid": 1,
+        "tid": 1,
+    },
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 500, "dur": 10, "pid": 1, "tid": 1},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1500, "dur": 10, "pid": 1, "tid": 1},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 2500, "dur": 20, "pid": 1, "tid": 1},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaEventSynchronize", "ts": 5000, "dur": 1000, "pid": 1, "tid": 1},
+]
 
-def write_trace(out_dir):
+
+def write_trace(out_dir, with_stack):
     time.sleep(0.3)
     os.makedirs(out_dir, exist_ok=True)
+    trace = {"traceEvents": FAKE_TRACE["traceEvents"] + (STACK_EVENTS if with_stack else [])}
     with gzip.open(os.path.join(out_dir, f"{time.time()}-TP-0.trace.json.gz"), "wt") as f:
-        json.dump(FAKE_TRACE, f)
+        json.dump(trace, f)
 
 
 class H(BaseHTTPRequestHandler):
@@ -93,7 +122,7 @@ class H(BaseHTTPRequestHandler):
             print("[fake TP0] freeze_gc: garbage collector frozen", flush=True)
             return self._send(200, "{}")
         if self.path == "/start_profile":
-            threading.Thread(target=write_trace, args=(body["output_dir"],), daemon=True).start()
+            threading.Thread(target=write_trace, args=(body["output_dir"], body.get("with_stack")), daemon=True).start()
             return self._send(200, "Start profiling.", "text/plain")
         n = int(body.get("sampling_params", {}).get("max_new_tokens", 16))
         if os.environ.get("FAKE_LOG_PROMPTS"):

@@ -1,0 +1,93 @@
+"""The host's CUDA calls by the SGLang function that made them (--profile-stacks), from a trace
+with Python frames as Kineto writes them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from bench_helpers import run_fake_bench  # noqa: E402
+
+from bench.results.host_calls import EVERYTHING, HostCalls, by_function, sglang_function  # noqa: E402
+from bench.results.profile import markdown, summarize  # noqa: E402
+from bench.results.profile_records import ProfileRecord  # noqa: E402
+
+TREE = "/tmp/sgltree/python/sglang/srt/"
+
+
+def _x(cat: str, name: str, ts: float, dur: float, tid: int = 1) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
+
+
+def _frame(where: str, ts: float, dur: float, tid: int = 1) -> dict:
+    return _x("python_function", TREE + where, ts, dur, tid)
+
+
+TRACE = [
+    _frame("managers/scheduler.py(2346): run_batch", 0, 1000),
+    _frame("speculative/eagle_worker_v2.py(474): _draft_extend_for_prefill", 100, 400),
+    _x("python_function", "/usr/lib/python3/torch/nn/modules/module.py(1751): _call_impl", 150, 50),
+    _frame("speculative/eagle_worker_v2.py(474): _draft_extend_for_prefill", 300, 100),  # nested again
+    _x("cuda_runtime", "cudaLaunchKernel", 10, 5),  # under run_batch
+    _x("cuda_runtime", "cudaLaunchKernel", 160, 5),  # under both, inside a torch frame
+    _x("cuda_runtime", "cudaMemcpyAsync", 310, 5),  # under both, twice under the draft extend
+    _x("cuda_runtime", "cudaGraphLaunch", 100, 3),  # starts where the draft extend does: under it
+    _x("cuda_runtime", "cudaEventSynchronize", 900, 2000),  # under run_batch
+    _x("cuda_runtime", "cudaGetDevice", 20, 1),  # not a launch, copy or wait
+    _x("cuda_runtime", "cudaLaunchKernel", 1500, 5),  # under no SGLang function
+    _frame("managers/scheduler.py(900): process_batch_result", 0, 5000, tid=2),  # another thread's
+    _x("kernel", "gemm", 0, 400, tid=7),
+]
+
+
+def test_each_call_counts_once_under_every_sglang_function_open_around_it() -> None:
+    rows = {h.function: h for h in by_function(TRACE)}
+    assert rows[EVERYTHING] == HostCalls(EVERYTHING, 4, 1, 1, 2.0)
+    assert rows["managers/scheduler.py run_batch"] == HostCalls("managers/scheduler.py run_batch", 3, 1, 1, 2.0)
+    draft = "speculative/eagle_worker_v2.py _draft_extend_for_prefill"
+    assert rows[draft] == HostCalls(draft, 2, 1, 0, 0.0)
+    assert "managers/scheduler.py process_batch_result" not in rows, "a frame holds only its own thread's calls"
+    assert list(rows)[:3] == [EVERYTHING, "managers/scheduler.py run_batch", draft], "the most calls first"
+
+
+def test_frames_are_named_by_their_file_under_srt_and_their_function() -> None:
+    assert sglang_function(TREE + "speculative/eagle_utils.py(20): rotate_prefill_input_ids") == (
+        "speculative/eagle_utils.py rotate_prefill_input_ids"
+    )
+    assert sglang_function("/x/torch/nn/modules/module.py(1751): _call_impl") is None
+
+
+def test_a_trace_without_python_frames_has_no_rows_and_the_summary_carries_them_through_json() -> None:
+    assert by_function([e for e in TRACE if e["cat"] != "python_function"]) == []
+    summary = summarize({"traceEvents": TRACE})
+    assert summary.host_calls == by_function(TRACE)
+    record = ProfileRecord(30, summary)
+    assert ProfileRecord.from_json(json.loads(json.dumps(record.to_json())), "p") == record
+    line = markdown("switch-v2", 30, summary.as_dict())[-1]
+    assert line.startswith("  - host CUDA calls under each SGLang function (launches/copies/syncs, sync ms): ")
+    assert "managers/scheduler.py run_batch 3/1/1 (2.0)" in line
+    plain = summarize({"traceEvents": [e for e in TRACE if e["cat"] != "python_function"]})
+    assert "host_calls" not in ProfileRecord(30, plain).to_json()
+
+
+def test_profile_stacks_asks_sglang_for_stacks_and_reports_the_calls(tmp_path: Path) -> None:
+    args = ("--model", "/fake/target", "--configs", "nospec", "--concurrency", "2", "--num-requests", "2")
+    for stacks in (False, True):
+        out = tmp_path / f"out-{stacks}"
+        flags = ("--max-new-tokens", "50", "--profile-at", "2", "--profile-window", "wave-start")
+        p = run_fake_bench(out, *args, *flags, *(["--profile-stacks"] if stacks else []))
+        assert p.returncode == 0, p.stderr[-3000:]
+        prof = json.loads((out / "results.json").read_text())["configs"]["nospec"]["profile"]
+        calls = {h["function"]: (h["launches"], h["copies"], h["syncs"]) for h in prof.get("host_calls", [])}
+        if not stacks:
+            assert calls == {}
+            continue
+        assert calls == {
+            EVERYTHING: (2, 1, 1),
+            "managers/scheduler.py run_batch": (2, 1, 1),
+            "speculative/eagle_worker_v2.py _draft_extend_for_prefill": (1, 1, 0),
+        }
+        assert "_draft_extend_for_prefill 1/1/0 (0.0)" in (out / "results.md").read_text()
