@@ -113,3 +113,19 @@ def _sweep(spans: list[tuple[float, float, str | None, str | None]], tally: _Tal
             tally.add(EVERYTHING, kind, ms)
             for f in dict.fromkeys(f for _, f in open_frames):
                 tally.add(f, kind, ms)
+
+
+def beyond(rows: list[HostCalls], reference: list[HostCalls], top: int = 10) -> list[HostCalls]:
+    """What each function made beyond the reference profile's same function (a function the
+    reference never ran counts whole): the functions with the most extra calls first."""
+    ref = {r.function: r for r in reference}
+    extra = []
+    for r in rows:
+        base = ref.get(r.function, HostCalls(r.function, 0, 0, 0, 0.0))
+        d = HostCalls(
+            r.function, r.launches - base.launches, r.copies - base.copies, r.syncs - base.syncs,
+            round(r.sync_ms - base.sync_ms, 3),
+        )  # fmt: skip
+        if d.calls > 0:
+            extra.append(d)
+    return sorted(extra, key=lambda h: (-h.calls, h.function))[:top]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from bench.results.fields import Fields, ResultsError, ranked_row
-from bench.results.host_calls import HostCalls
-from bench.results.profile import ProfileSummary, ProfileWindow
+from bench.results.host_calls import HostCalls, beyond
+from bench.results.profile import ProfileSummary, ProfileWindow, markdown
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class ProfileRecord:
             "top_kernels": [list(row) for row in s.top_kernels],
             "top_runtime_calls": [list(row) for row in s.top_runtime_calls],
             "note": s.note,
+            # Absent without --profile-stacks, as files before it have it.
             **({"host_calls": [asdict(h) for h in s.host_calls]} if s.host_calls else {}),
         }
 
@@ -101,4 +103,24 @@ def _host_calls(data: Any, where: str) -> HostCalls:
         r.text("function"), r.integer("launches"), r.integer("copies"), r.integer("syncs"), r.number("sync_ms")
     )
     r.closed()
+    return out
+
+
+def section(profiles: Mapping[str, tuple[ProfileRecord, ...]], reference: str) -> list[str]:
+    """results.md's profiles: each config's, and where both were traced with stacks at one level and
+    window, the host calls each made beyond the reference config's (the plain server's)."""
+    out = []
+    for name, records in profiles.items():
+        for p in records:
+            if p.summary is None:
+                out.append(f"- `{name}` at C={p.concurrency}: failed: {p.error}")
+                continue
+            out += markdown(name, p.concurrency, p.summary.as_dict(), p.window)
+            same = [
+                q.summary for q in profiles.get(reference, ()) if (q.concurrency, q.window) == (p.concurrency, p.window)
+            ]
+            if name != reference and same and same[0] is not None and same[0].host_calls and p.summary.host_calls:
+                extra = beyond(p.summary.host_calls, same[0].host_calls)
+                listed = ", ".join(f"{h.function} +{h.launches}/+{h.copies}/+{h.syncs}" for h in extra) or "none"
+                out.append(f"  - host calls beyond `{reference}`'s (launches/copies/syncs): {listed}")
     return out

@@ -19,7 +19,7 @@ from bench.results.boundaries import prefill_batches_by_level
 from bench.results.decode_rate import decode_rates_by_batch_size, median_rate
 from bench.results.learned import learned_lines
 from bench.results.plot import write_throughput_plot
-from bench.results.profile import markdown as profile_markdown
+from bench.results.profile_records import section as profile_section
 from bench.results.records import Analysis, ConfigRecord, LevelRecord, RateKey, RunResults, levels_of
 
 RATIO_TARGET = 0.95
@@ -201,19 +201,13 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
     if startup:
         out += ["", "Start-up (server up, s) and the target's CUDA graph sets (batch sizes, capture s, GB):", ""]
         out += startup
-    profiled = [(name, p) for name, c in cfgs.items() for p in c.profiles]
-    if profiled:
+    if any(c.profiles for c in cfgs.values()):
         out += [
             "",
             "Profiles (SGLang's torch profiler, rank 0; GPU idle = the window less the union of GPU events):",
             "",
         ]
-        for name, p in profiled:
-            out += (
-                [f"- `{name}` at C={p.concurrency}: failed: {p.error}"]
-                if p.summary is None
-                else profile_markdown(name, p.concurrency, p.summary.as_dict(), p.window)
-            )
+        out += profile_section({name: c.profiles for name, c in cfgs.items() if c.profiles}, BASELINE_NOSPEC)
     return "\n".join(out) + "\n"
 
 

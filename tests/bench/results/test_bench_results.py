@@ -199,7 +199,8 @@ def test_profile_records_write_every_summary_field() -> None:
         note="n",
     )
     rec = ProfileRecord(4, summary=s)
-    assert rec.to_json() == _json({"concurrency": 4, **s.as_dict()})
+    fields = {k: v for k, v in s.as_dict().items() if k != "host_calls"}  # written when traced with stacks
+    assert rec.to_json() == _json({"concurrency": 4, **fields})
     assert ProfileRecord.from_json(rec.to_json(), "p") == rec
     assert ProfileRecord(4, error="boom").to_json() == {"concurrency": 4, "error": "boom"}
     with pytest.raises(ValueError):

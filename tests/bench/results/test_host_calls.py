@@ -91,3 +91,29 @@ def test_profile_stacks_asks_sglang_for_stacks_and_reports_the_calls(tmp_path: P
             "speculative/eagle_worker_v2.py _draft_extend_for_prefill": (1, 1, 0),
         }
         assert "_draft_extend_for_prefill 1/1/0 (0.0)" in (out / "results.md").read_text()
+
+
+def test_results_md_lists_the_calls_a_config_made_beyond_nospecs_at_the_same_level() -> None:
+    from bench.results.profile import ProfileSummary, ProfileWindow
+    from bench.results.profile_records import section
+
+    def record(c: int, calls: list[HostCalls], window: ProfileWindow = ProfileWindow.WAVE_START) -> ProfileRecord:
+        return ProfileRecord(c, ProfileSummary(10.0, 5.0, 0.5, 3, host_calls=calls), window=window)
+
+    run_batch, draft = "managers/scheduler.py run_batch", "speculative/eagle_worker_v2.py _draft_extend_for_prefill"
+    plain = [HostCalls(EVERYTHING, 100, 10, 2, 1.0), HostCalls(run_batch, 80, 5, 1, 0.5)]
+    spec = [
+        HostCalls(EVERYTHING, 160, 15, 2, 1.0),
+        HostCalls(run_batch, 140, 10, 1, 0.5),
+        HostCalls(draft, 50, 5, 0, 0),
+    ]
+    lines = section(
+        {"nospec": (record(30, plain),), "switch-v2": (record(30, spec), record(70, spec))}, reference="nospec"
+    )
+    beyond = [line for line in lines if "beyond" in line]
+    assert beyond == [
+        f"  - host calls beyond `nospec`'s (launches/copies/syncs): {EVERYTHING} +60/+5/+0, {run_batch} +60/+5/+0, "
+        f"{draft} +50/+5/+0"
+    ], "only at a level nospec was profiled at too"
+    full_batch = section({"nospec": (record(30, plain),), "x": (record(30, spec, ProfileWindow.FULL_BATCH),)}, "nospec")
+    assert not any("beyond" in line for line in full_batch), "nor in another window"
