@@ -1,7 +1,8 @@
 """`--without PATCH`: a patch's own effect, measured in the run that measures the rest. Each
-speculating config is served a second time from a copy of the tree with that one patch undone,
-as CONFIG-without-NNNN, its ratio to CONFIG reported per level (as a repeat's is): two bundles
-in two runs would compare across runs, whose noise is larger than most patches' effects."""
+speculating config (or each that --without-configs names) is served a second time from a copy of
+the tree with that one patch undone, as CONFIG-without-NNNN, its ratio to CONFIG reported per
+level (as a repeat's is): two bundles in two runs would compare across runs, whose noise is
+larger than most patches' effects."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def find_patch(ref: str | None, spec: str) -> Path:
 
 def tree_without(tree: Path, patch_file: Path, workdir: Path) -> Ablation:
     """A copy of the tree's served files with patch_file undone; refused, with every hunk that does
-    not come off exactly, when later changes touch its lines."""
+    not come off where it says or where later patches moved it, when one rewrote its lines."""
     from tools.dirpatch import apply_to_directory
     from tools.errors import ToolError
     from tools.patchfile import Patch, read_patch, reversed_patch
@@ -75,7 +76,7 @@ def tree_without(tree: Path, patch_file: Path, workdir: Path) -> Ablation:
         f"--without {patch.name}: undone in {copy}"
         + (f" (not served, left as they are: {', '.join(left)})" if left else "")
     )
-    return Ablation(patch.name, patch.name.split("-", 1)[0], copy)
+    return Ablation(patch.name, patch.name.removesuffix(".patch").split("-", 1)[0], copy)
 
 
 def twins(cfgs: list[Config], ablation: Ablation, names: str | None = None) -> list[Config]:
