@@ -31,6 +31,7 @@ GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 CPU_CATEGORIES = {"cpu_op"}  # not python_function (--profile-stacks): its frames would nest everything
 RUNTIME_CATEGORY = "cuda_runtime"  # launches, copies and synchronisations: where the CPU waits
 TOP = 12
+STACKS_WRITE_FACTOR = 5  # how much longer a trace with Python stacks may take to appear
 
 
 class ProfileError(BenchError):
@@ -192,14 +193,16 @@ def profile_level(
         note = _wait_for_full_batch(level, log_path, offset, concurrency, wait_s)
         _start_profiler(url, out_dir, num_steps, with_stack)
     level.join()
-    deadline = time.monotonic() + trace_wait_s
+    # A trace with Python stacks holds an event per Python call, and takes longer to write.
+    wait = trace_wait_s * (STACKS_WRITE_FACTOR if with_stack else 1)
+    deadline = time.monotonic() + wait
     while True:
         new = sorted(p for p in set(out_dir.glob("*TP-0*.trace.json*")) - before)
         if new:
             return summarize(load_trace(new[-1]), note)
         if time.monotonic() > deadline:
             raise ProfileError(
-                f"no rank-0 trace appeared in {out_dir} within {trace_wait_s:.0f} s "
+                f"no rank-0 trace appeared in {out_dir} within {wait:.0f} s "
                 f"(num_steps={num_steps}: the level may have ended first; send more tokens)"
             )
         time.sleep(0.5)
