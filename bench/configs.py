@@ -214,6 +214,8 @@ def parse_configs(text: str) -> list[Config]:
 
 
 AGAIN = "-again"
+# The run meta's map of the configs served from a tree of their own (--without) to that tree.
+OWN_TREES = "trees of their own"
 # A config's record for the run's second traffic (--then-prompts), served by the same server.
 THEN = "-then"
 

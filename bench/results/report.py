@@ -12,7 +12,14 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from bench.configs import AGAIN, BASELINE_NOSPEC, BASELINE_SPEC, declared_references, first_traffic_name
+from bench.configs import (
+    AGAIN,
+    BASELINE_NOSPEC,
+    BASELINE_SPEC,
+    OWN_TREES,
+    declared_references,
+    first_traffic_name,
+)
 from bench.results import open_report
 from bench.results.analysis import Recommendation, best_of_ratios, recommend, series
 from bench.results.boundaries import prefill_batches_by_level
@@ -196,7 +203,11 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
             out.append(f"- `{name}`: `{first}`'s server, after it, on the prompts of then_prompts")
             continue
         env = " ".join(f"{k}={v}" for k, v in c.env.items())
-        out.append(f"- `{name}`: `{(env + ' ') if env else ''}{' '.join(c.flags or ()) or '(no speculation flags)'}`")
+        own = run.meta.get(OWN_TREES, {}).get(name)
+        out.append(
+            f"- `{name}`: `{(env + ' ') if env else ''}{' '.join(c.flags or ()) or '(no speculation flags)'}`"
+            + (f", served from a tree of its own: `{Path(own).name}`" if own else "")
+        )
     startup = [startup_line(name, c) for name, c in cfgs.items() if c.startup_s is not None]
     if startup:
         out += ["", "Start-up (server up, s) and the target's CUDA graph sets (batch sizes, capture s, GB):", ""]

@@ -16,6 +16,7 @@ from typing import Any
 from bench.configs import (
     BASELINE_NOSPEC,
     BASELINE_SPEC,
+    OWN_TREES,
     Config,
     num_steps,
     parse_configs,
@@ -268,7 +269,7 @@ def _run(args: argparse.Namespace, settings: RunSettings, cfgs: list[Config], tr
     target = run_target(args, tree, out)
     results = RunResults(meta=_meta(args, settings, target, imported))
     if own := {c.name: str(c.tree) for c in cfgs if c.tree}:
-        results.meta["trees of their own"] = own  # --without's: the run's tree with one patch undone
+        results.meta[OWN_TREES] = own  # --without's: the run's tree with one patch undone
     logger.info(
         f"bench: {len(cfgs)} config(s) x levels {list(settings.levels)}, max({settings.num_requests}, "
         f"{settings.waves} x C) requests"

@@ -66,6 +66,9 @@ def test_without_serves_each_speculating_config_again_from_the_tree_without_the_
     assert "docs.md" in p.stderr, "the patch's files a server does not run are named as left alone"
     assert (tree / "docs.md").is_file() and MARK in (tree / SERVER).read_text(), "the run's tree is left as it was"
     assert not Path(own["spec-without-0042"]).exists(), "the copy goes with the run"
+    md = (out / "results.md").read_text()
+    assert "served from a tree of its own: `without-0042-mark-the-server`" in md
+    assert "| spec-without-0042 / max(spec) |" in md
 
 
 def test_without_refuses_a_patch_that_does_not_come_off_alone(tmp_path: Path) -> None:
