@@ -209,26 +209,25 @@ def profile_level(
 
 
 def markdown(
-    name: str, concurrency: int, p: dict[str, Any], window: ProfileWindow = ProfileWindow.FULL_BATCH
+    name: str, concurrency: int, p: ProfileSummary, window: ProfileWindow = ProfileWindow.FULL_BATCH
 ) -> list[str]:
     where = f"C={concurrency}" + (", the wave's first steps" if window is ProfileWindow.WAVE_START else "")
     lines = [
-        f"- `{name}` at {where}: GPU idle **{100 * p['gpu_idle_fraction']:.0f}%** of "
-        f"{p['window_ms']:.1f} ms ({p['kernels']} GPU events)" + (f"; {p['note']}" if p.get("note") else "")
+        f"- `{name}` at {where}: GPU idle **{100 * p.gpu_idle_fraction:.0f}%** of "
+        f"{p.window_ms:.1f} ms ({p.kernels} GPU events)" + (f"; {p.note}" if p.note else "")
     ]
-    cpu = ", ".join(f"{n} {ms:.1f} ms x{c}" for n, ms, c in p["top_cpu_ops"][:5])
-    gpu = ", ".join(f"{n[:60]} {ms:.1f} ms x{c}" for n, ms, c in p["top_kernels"][:3])
-    runtime = ", ".join(f"{n} {ms:.1f} ms x{c}" for n, ms, c in p.get("top_runtime_calls", [])[:4])
+    cpu = ", ".join(f"{n} {ms:.1f} ms x{c}" for n, ms, c in p.top_cpu_ops[:5])
+    gpu = ", ".join(f"{n[:60]} {ms:.1f} ms x{c}" for n, ms, c in p.top_kernels[:3])
+    runtime = ", ".join(f"{n} {ms:.1f} ms x{c}" for n, ms, c in p.top_runtime_calls[:4])
     if cpu:
         lines.append(f"  - outermost CPU ops: {cpu}")
     if runtime:
         lines.append(f"  - CUDA runtime calls: {runtime}")
     if gpu:
         lines.append(f"  - kernels: {gpu}")
-    calls = [HostCalls(**h) if isinstance(h, dict) else h for h in p.get("host_calls", [])]
-    if calls:
+    if p.host_calls:
         lines.append(
             "  - host CUDA calls under each SGLang function (launches/copies/syncs, sync ms): "
-            + ", ".join(f"{h.function} {h.launches}/{h.copies}/{h.syncs} ({h.sync_ms:.1f})" for h in calls[:10])
+            + ", ".join(f"{h.function} {h.launches}/{h.copies}/{h.syncs} ({h.sync_ms:.1f})" for h in p.host_calls[:10])
         )
     return lines

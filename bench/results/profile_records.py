@@ -115,7 +115,7 @@ def section(profiles: Mapping[str, tuple[ProfileRecord, ...]], reference: str) -
             if p.summary is None:
                 out.append(f"- `{name}` at C={p.concurrency}: failed: {p.error}")
                 continue
-            out += markdown(name, p.concurrency, p.summary.as_dict(), p.window)
+            out += markdown(name, p.concurrency, p.summary, p.window)
             same = [
                 q.summary for q in profiles.get(reference, ()) if (q.concurrency, q.window) == (p.concurrency, p.window)
             ]

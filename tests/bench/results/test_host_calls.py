@@ -66,7 +66,7 @@ def test_a_trace_without_python_frames_has_no_rows_and_the_summary_carries_them_
     assert summary.host_calls == by_function(TRACE)
     record = ProfileRecord(30, summary)
     assert ProfileRecord.from_json(json.loads(json.dumps(record.to_json())), "p") == record
-    line = markdown("switch-v2", 30, summary.as_dict())[-1]
+    line = markdown("switch-v2", 30, summary)[-1]
     assert line.startswith("  - host CUDA calls under each SGLang function (launches/copies/syncs, sync ms): ")
     assert "managers/scheduler.py run_batch 3/1/1 (2.0)" in line
     plain = summarize({"traceEvents": [e for e in TRACE if e["cat"] != "python_function"]})
