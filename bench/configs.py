@@ -238,9 +238,14 @@ def first_traffic_name(name: str) -> str | None:
     return name[: -len(THEN)] if name.endswith(THEN) else None
 
 
+def steps_in(flags: list[str]) -> int:
+    """The --speculative-num-steps these server flags give."""
+    return int(flags[flags.index("--speculative-num-steps") + 1])
+
+
 def num_steps(cfg: Config) -> int:
     """The config's --speculative-num-steps."""
-    return int(cfg.flags[cfg.flags.index("--speculative-num-steps") + 1])
+    return steps_in(cfg.flags)
 
 
 def declared_references(name: str, recorded: tuple[str, ...]) -> tuple[str, ...]:

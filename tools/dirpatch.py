@@ -1,5 +1,6 @@
 """Apply a patch to a plain directory (no git): every hunk is checked first, as ``make check``
-checks the series, and the directory is written only if all of them apply exactly."""
+checks the series, and the directory is written only if all of them apply (exactly, or where
+later changes moved them when offsets are allowed)."""
 
 from __future__ import annotations
 

@@ -83,7 +83,8 @@ def twins(cfgs: list[Config], ablation: Ablation, names: str | None = None) -> l
     """The configs named (comma-separated; default: the speculating ones) again, served from the
     ablation's tree, each compared with itself."""
     wanted = [n.strip() for n in names.split(",") if n.strip()] if names else [c.name for c in cfgs if c.speculative]
-    unknown = [n for n in wanted if n not in {c.name for c in cfgs}]
+    known = [c.name for c in cfgs]
+    unknown = [n for n in wanted if n not in known]
     if unknown or not wanted:
         raise BenchUsageError(
             f"--without {ablation.patch}: "
@@ -92,7 +93,7 @@ def twins(cfgs: list[Config], ablation: Ablation, names: str | None = None) -> l
                 if unknown
                 else "none of the run's configs speculates"
             )
-            + f" ({', '.join(c.name for c in cfgs)}); name them with --without-configs"
+            + f" ({', '.join(known)}); name them with --without-configs"
         )
     return [
         replace(

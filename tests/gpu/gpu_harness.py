@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import pytest
 
-from bench.configs import EAGLE_V1, EAGLE_V2, V2_ENV
+from bench.configs import EAGLE_V1, EAGLE_V2, V2_ENV, steps_in
 from bench.results.logparse import Counters, parse_log, parse_metrics
 from bench.run import client
 from bench.run.server import Server, ServerSpec, base_flags, cuda_graph_max_bs_flag, resolve_tree
@@ -40,8 +40,7 @@ _RUNS: dict[str, Any] = {}
 
 def num_steps(worker: str) -> int:
     """The worker's --speculative-num-steps: the most drafts one verify step can accept."""
-    flags = WORKERS[worker][0]
-    return int(flags[flags.index("--speculative-num-steps") + 1])
+    return steps_in(WORKERS[worker][0])
 
 
 # The steps an adaptive tier file gives the v2 worker below the tier.
