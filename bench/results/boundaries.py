@@ -18,7 +18,9 @@ left out, which understated their intervals by it.)
 The bench flushes the server's cache before each level, and the server logs each flush: the log
 between two flushes is one level (the warm-up before the first is dropped, and so is the first
 level's first decode line). A profile after the levels is cut off where the server starts its
-profiler, which leaves the start of a full-batch profile's wave in the last level.
+profiler, which leaves the start of a full-batch profile's wave in the last level. A second traffic
+(`--then-prompts`, CONFIG-then) is read from CONFIG's log, past the parts of its levels and rates
+(the bench flushes before each rate too).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.configs import first_traffic_name
 from bench.errors import BenchUsageError
 from bench.results.decode_rate import Interval, intervals
 from bench.results.logparse import DecodeLine, before_profile, parse_log
@@ -231,9 +234,16 @@ def command(args: argparse.Namespace) -> int:
     out: list[str] = []
     for name, config in run.configs.items():
         levels = [lv.concurrency for lv in config.levels]
-        parts = level_parts(read_log(logs, name), len(levels))
+        first_traffic = first_traffic_name(name)
+        if first_traffic is None:
+            parts = level_parts(read_log(logs, name), len(levels))
+        else:  # the second traffic's levels follow the first's levels and rates in its server's log
+            first = run.configs[first_traffic]
+            before = len(first.levels) + len(first.rates)
+            parts = level_parts(read_log(logs, first_traffic), before + len(levels))[before:]
         logs_by_level = [
-            level_log(p, c, steps_per_line, first=i == 0) for i, (p, c) in enumerate(zip(parts, levels, strict=True))
+            level_log(p, c, steps_per_line, first=i == 0 and first_traffic is None)
+            for i, (p, c) in enumerate(zip(parts, levels, strict=True))
         ]
         out += markdown(name, logs_by_level, steps_per_line)
     print("\n".join(out))

@@ -272,7 +272,7 @@ def test_decode_rates_leave_out_a_profiles_wave() -> None:
     # a wave-start profile of another wave at C=70, whose steps ran under the profiler
     import tarfile
 
-    src = Path(__file__).resolve().parents[3] / "docs" / "bench" / "wave-start-c70" / "logs.tgz"
+    src = Path(__file__).resolve().parents[3] / "docs" / "bench" / "wave-start-c70" / "logs.tar.xz"
     with tarfile.open(src) as tar:
         member = tar.extractfile("bench-0/logs/switch-v2.log")
         assert member is not None

@@ -83,7 +83,7 @@ def test_a_log_that_does_not_cover_the_levels_is_refused(sweep: Path, capsys: py
 
 def test_a_profile_after_the_levels_is_left_out(tmp_path: Path) -> None:
     # docs/bench/wave-start-c70: one level of C=70, then a wave-start profile of another wave
-    with tarfile.open(SWEEP.parent / "wave-start-c70" / "logs.tgz") as tar:
+    with tarfile.open(SWEEP.parent / "wave-start-c70" / "logs.tar.xz") as tar:
         tar.extractall(tmp_path, filter="data")
     text = (tmp_path / "bench-0" / "logs" / "switch-v2.log").read_text(errors="replace")
     (part,) = boundaries.level_parts(text, 1)
@@ -101,6 +101,33 @@ def test_a_run_cut_inside_a_level_keeps_its_recorded_levels(sweep: Path) -> None
     parts = text.split(boundaries.FLUSHED)
     cut = boundaries.FLUSHED.join(parts[:6]) + boundaries.FLUSHED + parts[6][:2000]
     assert boundaries.level_parts(cut, 5) == boundaries.level_parts(text, 8)[:5]
+
+
+def test_a_second_traffic_is_read_from_its_servers_log_past_the_first(capsys: pytest.CaptureFixture[str]) -> None:
+    """--then-prompts: CONFIG-then's levels share CONFIG's server log, after CONFIG's levels. The run
+    split the log where the second traffic began and counted each level's prefill batches then
+    (results.json); the command finds the same levels by the cache flushes before each."""
+    run_dir = SWEEP.parent / "h100-auto-then"  # docs/measurements.md, GPU 24
+    assert main(["boundaries", str(run_dir), "--logs", str(run_dir / "logs.tar.xz")]) == 0
+    tables = _tables_by_config(capsys.readouterr().out)
+    run, _ = read_results(run_dir / "results.json")
+    assert set(tables) == set(run.configs) and "switch-v2-auto-then" in tables
+    for name, config in run.configs.items():
+        assert tables[name] == {lv.concurrency: lv.prefill_batches for lv in config.levels}, name
+    # the second traffic's prefills are not the first's: at C=30, 44 against 52
+    assert tables["spec-v2-then"][30] != tables["spec-v2"][30]
+
+
+def _tables_by_config(out: str) -> dict[str, dict[int, int]]:
+    """Each config's prefill batches per level, as the command's tables print them."""
+    tables: dict[str, dict[int, int]] = {}
+    for line in out.splitlines():
+        if line.startswith("`"):
+            current = tables.setdefault(line.strip("`:"), {})
+        elif line.startswith("| ") and line.split("|")[1].strip().isdigit():
+            cells = [c.strip() for c in line.split("|")[1:-1]]
+            current[int(cells[0])] = int(cells[4].split(",")[0])
+    return tables
 
 
 def test_the_steps_per_line_come_from_the_runs_extra_flags(capsys: pytest.CaptureFixture[str]) -> None:
