@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -106,9 +106,10 @@ def _host_calls(data: Any, where: str) -> HostCalls:
     return out
 
 
-def section(profiles: Mapping[str, tuple[ProfileRecord, ...]], reference: str) -> list[str]:
-    """results.md's profiles: each config's, and where both were traced with stacks at one level and
-    window, the host calls each made beyond the reference config's (the plain server's)."""
+def section(profiles: Mapping[str, tuple[ProfileRecord, ...]], references: Mapping[str, Sequence[str]]) -> list[str]:
+    """results.md's profiles: each config's, and where it and one of its references (the plain server,
+    and the configs it is compared with: a switch's always-speculating server) were traced with
+    stacks at one level and window, the host calls it made beyond that reference's."""
     out = []
     for name, records in profiles.items():
         for p in records:
@@ -116,11 +117,16 @@ def section(profiles: Mapping[str, tuple[ProfileRecord, ...]], reference: str) -
                 out.append(f"- `{name}` at C={p.concurrency}: failed: {p.error}")
                 continue
             out += markdown(name, p.concurrency, p.summary, p.window)
-            same = [
-                q.summary for q in profiles.get(reference, ()) if (q.concurrency, q.window) == (p.concurrency, p.window)
-            ]
-            if name != reference and same and same[0] is not None and same[0].host_calls and p.summary.host_calls:
-                extra = beyond(p.summary.host_calls, same[0].host_calls)
-                listed = ", ".join(f"{h.function} +{h.launches}/+{h.copies}/+{h.syncs}" for h in extra) or "none"
-                out.append(f"  - host calls beyond `{reference}`'s (launches/copies/syncs): {listed}")
+            for reference in references.get(name, ()):
+                out += _beyond(p, reference, profiles.get(reference, ()))
     return out
+
+
+def _beyond(p: ProfileRecord, reference: str, theirs: tuple[ProfileRecord, ...]) -> list[str]:
+    """The host calls profile p made beyond the reference's profile of the same level and window."""
+    same = [q.summary for q in theirs if (q.concurrency, q.window) == (p.concurrency, p.window)]
+    if not (same and same[0] is not None and same[0].host_calls and p.summary and p.summary.host_calls):
+        return []
+    extra = beyond(p.summary.host_calls, same[0].host_calls)
+    listed = ", ".join(f"{h.function} +{h.launches}/+{h.copies}/+{h.syncs}" for h in extra) or "none"
+    return [f"  - host calls beyond `{reference}`'s (launches/copies/syncs): {listed}"]

@@ -218,7 +218,10 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
             "Profiles (SGLang's torch profiler, rank 0; GPU idle = the window less the union of GPU events):",
             "",
         ]
-        out += profile_section({name: c.profiles for name, c in cfgs.items() if c.profiles}, BASELINE_NOSPEC)
+        references = {
+            name: [r for r in dict.fromkeys((BASELINE_NOSPEC, *c.compare_to)) if r != name] for name, c in cfgs.items()
+        }
+        out += profile_section({name: c.profiles for name, c in cfgs.items() if c.profiles}, references)
     return "\n".join(out) + "\n"
 
 
