@@ -150,3 +150,29 @@ def test_a_switch_is_also_compared_with_the_speculating_server_it_is_measured_ag
         f"  - host calls beyond `nospec`'s (launches/copies/syncs): {EVERYTHING} +203/+30/+12, {decide} +3/+0/+2",
         f"  - host calls beyond `spec-v2`'s (launches/copies/syncs): {EVERYTHING} +3/+0/+2, {decide} +3/+0/+2",
     ]
+
+
+def test_a_trace_with_stacks_is_waited_for_longer(tmp_path: Path) -> None:
+    import pytest
+    from bench_helpers import LocalServer
+
+    from bench.results.profile import STACKS_WRITE_FACTOR, ProfileError, ProfileWindow, profile_level
+
+    asked: list[bool] = []
+
+    def answer(path: str, body: dict) -> tuple[int, bytes]:  # a server that never writes its trace
+        if path == "/start_profile":
+            asked.append(body["with_stack"])
+        return 200, json.dumps({"text": "", "output_ids": [], "meta_info": {"completion_tokens": 0}}).encode()
+
+    log = tmp_path / "server.log"
+    log.write_text("")
+    for stacks in (False, True):
+        with LocalServer(answer) as srv, pytest.raises(ProfileError) as e:
+            profile_level(
+                srv.url, ["a"], 1, {}, out_dir=tmp_path / f"p{stacks}", log_path=log,
+                window=ProfileWindow.WAVE_START, with_stack=stacks, trace_wait_s=0.4,
+            )  # fmt: skip
+        waited = 0.4 * (STACKS_WRITE_FACTOR if stacks else 1)  # 0 s, then 2 s
+        assert f"no rank-0 trace appeared in {tmp_path / f'p{stacks}'} within {waited:.0f} s" in str(e.value)
+    assert asked == [False, True]
