@@ -238,6 +238,13 @@ def _add_sweep_args(ap: argparse.ArgumentParser) -> None:
         f"bench/data/{client.DEFAULT_PROMPTS.name} after a trained set's code snippets), which a learning "
         "switch (auto) must follow; reported as CONFIG-then, compared with its references' own -then",
     )
+    ap.add_argument(
+        "--then-again",
+        action="store_true",
+        help="as --then-prompts with the run's own prompts: each config's levels again on the server they "
+        "ran on, so that what the levels did to it (a server that speculated at large batches) shows "
+        "beside its fresh first pass",
+    )
     ap.add_argument("--chat-template", action="store_true", help="wrap prompts with the model's chat template")
 
 

@@ -178,21 +178,25 @@ def run_target(args: argparse.Namespace, tree: Path, out: Path) -> RunTarget:
         # shared set's 38 would, and whether two such requests share KV depends on timing).
         prompts_file = prompts_file or fx.prompts_file()
     prompts = _prompts("--prompts", prompts_file, model, args.chat_template)
-    then: list[str] = []
-    if args.then_prompts:
-        if args.request_rates and not args.concurrency:
-            raise BenchUsageError("--then-prompts serves the --concurrency levels again: give --concurrency too")
-        then = _prompts("--then-prompts", args.then_prompts, model, args.chat_template)
-    return RunTarget(
-        tree,
-        model,
-        draft,
-        tuple(prompts),
-        out,
-        str(prompts_file or client.DEFAULT_PROMPTS.name),
-        tuple(then),
-        str(args.then_prompts) if args.then_prompts else None,
-    )
+    prompts_name = str(prompts_file or client.DEFAULT_PROMPTS.name)
+    then, then_file = _second_traffic(args, model, prompts, prompts_name)
+    return RunTarget(tree, model, draft, tuple(prompts), out, prompts_name, tuple(then), then_file)
+
+
+def _second_traffic(
+    args: argparse.Namespace, model: str, prompts: list[str], prompts_name: str
+) -> tuple[list[str], str | None]:
+    """--then-prompts' prompts and file, or --then-again's (the run's own); none without either."""
+    flag = "--then-again" if args.then_again else "--then-prompts"
+    if args.then_again and args.then_prompts:
+        raise BenchUsageError("--then-again serves the run's own prompts again: leave --then-prompts out")
+    if not (args.then_again or args.then_prompts):
+        return [], None
+    if args.request_rates and not args.concurrency:
+        raise BenchUsageError(f"{flag} serves the --concurrency levels again: give --concurrency too")
+    if args.then_again:
+        return prompts, f"{prompts_name} (again)"
+    return _prompts(flag, args.then_prompts, model, args.chat_template), str(args.then_prompts)
 
 
 def _prompts(flag: str, path: Path | str | None, model: str, chat_template: bool) -> list[str]:

@@ -69,3 +69,36 @@ def test_then_prompts_need_levels_and_a_readable_file(tmp_path: Path) -> None:
         parse(["--model", "/fake/target", "--then-prompts", str(_then_prompts(tmp_path))]), tmp_path, tmp_path
     )
     assert ok.then_prompts == tuple(f"{THEN_MARK} {i}" for i in range(3)) and ok.then_prompts_file
+
+
+def test_then_again_serves_the_levels_again_with_the_runs_own_prompts(tmp_path: Path) -> None:
+    prompts = tmp_path / "own.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"own prompt {i}"}) + "\n" for i in range(3)))
+    out = tmp_path / "out"
+    p = run_fake_bench(
+        out,
+        *("--model", "/fake/target", "--draft-model", "/fake/draft", "--configs", "spec"),
+        *("--concurrency", "1,2", "--num-requests", "2", "--max-new-tokens", "4"),
+        *("--prompts", str(prompts), "--then-again"),
+        env={"FAKE_LOG_PROMPTS": "1"},
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert list(res["configs"]) == ["spec", "spec-then"]
+    assert [lv["concurrency"] for lv in res["configs"]["spec-then"]["levels"]] == [1, 2]
+    assert res["meta"]["then_prompts"] == f"{prompts} (again)"
+    log = (out / "logs" / "spec.log").read_text()
+    texts = [line for line in log.splitlines() if "request text" in line]
+    # the warm-up, the two levels (3 and 6 requests: three waves each), then the same requests again
+    first, again = texts[-18:-9], texts[-9:]
+    assert first == again and all("own prompt" in line for line in first)
+
+
+def test_then_again_and_then_prompts_are_one_or_the_other(tmp_path: Path) -> None:
+    def target(*argv: str) -> None:
+        run_target(parse(["--model", "/fake/target", *argv]), tmp_path, tmp_path)
+
+    with pytest.raises(BenchUsageError, match="--then-again serves the run's own prompts again"):
+        target("--concurrency", "1", "--then-again", "--then-prompts", str(_then_prompts(tmp_path)))
+    with pytest.raises(BenchUsageError, match="--then-again serves the --concurrency levels again"):
+        target("--request-rates", "4", "--then-again")
