@@ -85,6 +85,12 @@ class Fields:
             raise ResultsError(f"{self.where}.{key}: expected a list of numbers, got {v!r}")
         return tuple(float(x) for x in v)
 
+    def integers(self, key: str) -> tuple[int, ...]:
+        v = self.items(key)
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            raise ResultsError(f"{self.where}.{key}: expected a list of integers, got {v!r}")
+        return tuple(v)
+
     def texts(self, key: str) -> tuple[str, ...]:
         v = self.items(key)
         if not all(isinstance(x, str) for x in v):

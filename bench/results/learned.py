@@ -11,19 +11,43 @@ from __future__ import annotations
 
 from bench.configs import BASELINE_NOSPEC, declared_references, first_traffic_name, then_name
 from bench.results.analysis import Recommendation, recommend, series
-from bench.results.records import ConfigRecord, RateKey, RunResults
+from bench.results.boundaries import FLUSHED
+from bench.results.logparse import ThresholdChange, threshold_changes
+from bench.results.records import ConfigRecord, LevelRecord, RateKey, RunResults
 
 
 def learned_lines(run: RunResults) -> list[str]:
     """One line per config whose levels recorded a learned threshold."""
     out = []
     for name, cfg in run.configs.items():
-        learned = [(lv.concurrency, lv.switch_threshold) for lv in cfg.levels if lv.switch_threshold is not None]
+        learned = [lv for lv in cfg.levels if lv.switch_threshold is not None]
         if not learned:
             continue
-        cells = ", ".join(f"C={c}: {t}" for c, t in learned)
+        cells = ", ".join(f"C={lv.concurrency}: {lv.switch_threshold}{_basis(lv)}" for lv in learned)
         out.append(f"- `{name}` learned threshold at the end of each level: {cells}; " + _crossovers(run, name, cfg))
     return out + [""] if out else []
+
+
+def _basis(lv: LevelRecord) -> str:
+    if lv.switch_timed is None:
+        return ""
+    timed = ", ".join(map(str, lv.switch_timed)) or "none"
+    return f" (timed both ways at {timed}; sure up to {lv.switch_sure})"
+
+
+def basis_by_level(log_text: str, count: int) -> list[ThresholdChange | None]:
+    """For each of `count` levels (the log's parts after its first `count` cache flushes), the last
+    threshold change logged before the level's end, the warm-up's and earlier levels' included."""
+    parts = log_text.split(FLUSHED)
+    out: list[ThresholdChange | None] = []
+    last = None
+    for i, part in enumerate(parts[: count + 1]):
+        changes = threshold_changes(part)
+        if changes:
+            last = changes[-1]
+        if i:  # parts[0] is the warm-up's
+            out.append(last)
+    return out + [None] * (count - len(out))
 
 
 def _crossovers(run: RunResults, name: str, cfg: ConfigRecord) -> str:

@@ -9,6 +9,8 @@ Tolerant of small format changes. Recognised:
 - the rank from the log prefix ``[... TP<k>]`` (rank 0 when absent);
 - Prometheus counters ``sglang:spec_switch_{spec_steps,fallback_steps,switches}_total`` and the
   learned threshold ``sglang:spec_switch_threshold`` (read with prometheus_client's parser);
+- a learning switch's changes: ``spec-switch: threshold A -> B (...); ... tok/s spec/plain
+  (acceptance) by batch size: L: S/P (A), ...; surely pays up to N`` (0014);
 - CUDA graph capture: ``Capture cuda graph bs [..]`` followed by ``Capture cuda graph end`` (the
   target's own set) or ``Capture plain-decode cuda graph ... end`` (the plain-decode graphs patch's set), with their
   ``Time elapsed: X s`` and ``mem usage=Y GB``.
@@ -42,6 +44,11 @@ _CAPTURE_END = re.compile(
     r"Capture (?P<plain>plain-decode )?cuda graph\b.*?\bend\b.*?Time elapsed:\s*(?P<s>[\d.]+)\s*s"
     r".*?mem usage=\s*(?P<gb>[-\d.]+)\s*GB"
 )
+_THRESHOLD_CHANGE = re.compile(
+    r"spec-switch: threshold \d+ -> (?P<new>\d+)\b.*?by batch size:(?P<buckets>[^;]*);"
+    r"\s*surely pays up to (?P<sure>\d+)"
+)
+_BUCKET = re.compile(r"(?P<lower>\d+):\s*[\d.]+/[\d.]+")
 PROFILING = "Profiling starts"  # SGLang's log line when /start_profile begins
 METRIC_KEYS = {"spec_steps": "spec_steps", "fallback_steps": "fallback_steps", "switches": "switches"}
 
@@ -100,6 +107,27 @@ class GraphSet:
     sizes: tuple[int, ...]
     seconds: float
     gigabytes: float
+
+
+@dataclass(frozen=True)
+class ThresholdChange:
+    """A learning switch's logged change of threshold (rank 0), with what it was learnt from: the
+    batch-size buckets timed in both modes, and where speculation surely pays by the bounds."""
+
+    threshold: int
+    timed: tuple[int, ...]  # each bucket's lower batch size
+    sure: int
+
+
+def threshold_changes(text: str) -> list[ThresholdChange]:
+    """The learned threshold's changes in the log, in order (rank 0's, the entry rank that learns)."""
+    out = []
+    for line in text.splitlines():
+        m = _THRESHOLD_CHANGE.search(line)
+        if m and rank_of(line) == 0:
+            timed = tuple(int(b.group("lower")) for b in _BUCKET.finditer(m.group("buckets")))
+            out.append(ThresholdChange(int(m.group("new")), timed, int(m.group("sure"))))
+    return out
 
 
 def captured_graph_sets(text: str, rank: int = 0) -> list[GraphSet]:

@@ -14,6 +14,7 @@ results.json:
                     "decode_lines", "decode_tok_per_s" | null,  # the decode pair once taken from the log
                     "decode_accept_len",  # the acceptance decode_tok_per_s is at; absent: plain steps or older runs
                     "switch_threshold",  # a learning switch's threshold at the level's end; absent: none
+                    "switch_timed", "switch_sure",  # what it was learnt from (the log); absent: not logged
                     "prefill_batches"}],  # the level's prefill batches in the server's log; absent: not read
         "rates": [...],                    # open-loop request rates (bench.results.open_records); absent: none
         "startup_s", "profile": PROFILE | [PROFILE, ...],  # a list when the run profiled several levels
@@ -84,6 +85,11 @@ class LevelRecord:
     wave_tok_per_s: tuple[float, ...] = ()  # each full wave's output tok/s (client.LevelRun.wave_tok_per_s)
     wave_send_spread_s: tuple[float, ...] = ()  # each full wave's span of send times (client.LevelRun)
     switch_threshold: int | None = None  # a learning switch's threshold at the level's end (/metrics)
+    # What that threshold was learnt from, by its last change logged before the level's end (the
+    # server's log, bench.results.learned.basis_by_level): the batch-size buckets timed in both modes,
+    # and where speculation surely pays. None: no change logged in the part of the log read.
+    switch_timed: tuple[int, ...] | None = None
+    switch_sure: int | None = None
     # The prefill batches the server logged in the level (bench.results.boundaries): None until the log is read.
     prefill_batches: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -114,6 +120,10 @@ class LevelRecord:
             out["wave_send_spread_s"] = list(self.wave_send_spread_s)
         if self.switch_threshold is not None:
             out["switch_threshold"] = self.switch_threshold
+        if self.switch_timed is not None:
+            out["switch_timed"] = list(self.switch_timed)
+        if self.switch_sure is not None:
+            out["switch_sure"] = self.switch_sure
         if self.prefill_batches is not None:
             out["prefill_batches"] = self.prefill_batches
         if self.decode_lines is not None:
@@ -147,6 +157,8 @@ class LevelRecord:
             wave_tok_per_s=r.opt(r.numbers, "wave_tok_per_s") or (),
             wave_send_spread_s=r.opt(r.numbers, "wave_send_spread_s") or (),
             switch_threshold=r.opt(r.integer, "switch_threshold"),
+            switch_timed=r.opt(r.integers, "switch_timed"),
+            switch_sure=r.opt(r.integer, "switch_sure"),
             prefill_batches=r.opt(r.integer, "prefill_batches"),
             extra=r.rest(),
         )

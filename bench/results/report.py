@@ -24,7 +24,8 @@ from bench.results import open_report
 from bench.results.analysis import Recommendation, best_of_ratios, recommend, series
 from bench.results.boundaries import prefill_batches_by_level
 from bench.results.decode_rate import decode_rates_by_batch_size, median_rate
-from bench.results.learned import learned_lines
+from bench.results.learned import basis_by_level, learned_lines
+from bench.results.logparse import ThresholdChange
 from bench.results.plot import write_throughput_plot
 from bench.results.profile_records import section as profile_section
 from bench.results.records import Analysis, ConfigRecord, LevelRecord, RateKey, RunResults, levels_of
@@ -85,7 +86,7 @@ def with_decode_rates(config: ConfigRecord, log_text: str) -> ConfigRecord:
     counted = prefill_batches_by_level(log_text, len(config.levels))
     prefills: list[int | None] = list(counted) if counted else [None] * len(config.levels)
 
-    def level(lv: LevelRecord, prefill_batches: int | None) -> LevelRecord:
+    def level(lv: LevelRecord, prefill_batches: int | None, basis: ThresholdChange | None) -> LevelRecord:
         rates = by_bs.get(lv.concurrency)
         accept_len = rates.accept_len if rates else None
         return dataclasses.replace(
@@ -94,9 +95,12 @@ def with_decode_rates(config: ConfigRecord, log_text: str) -> ConfigRecord:
             decode_tok_per_s=median_rate(rates),
             decode_accept_len=None if accept_len is None else round(accept_len, 3),
             prefill_batches=prefill_batches,
+            switch_timed=basis.timed if basis else None,
+            switch_sure=basis.sure if basis else None,
         )
 
-    return dataclasses.replace(config, levels=tuple(map(level, config.levels, prefills)))
+    bases = basis_by_level(log_text, len(config.levels))
+    return dataclasses.replace(config, levels=tuple(map(level, config.levels, prefills, bases)))
 
 
 def merge(*parts: RunResults) -> RunResults:
