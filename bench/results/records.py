@@ -75,7 +75,7 @@ class LevelRecord:
     tok_per_s: float
     errors: tuple[str, ...] = ()  # the first five, then "... N errors"
     counters: SwitchCounters | None = None  # None: the server exports no switch counters
-    # Taken from the server's log once the server has stopped (bench.results.report.with_decode_rates): both
+    # Taken from the server's log once the server has stopped (bench.results.level_logs.with_decode_rates): both
     # None until then, and results.json then has neither key. decode_tok_per_s alone is None when no
     # steady decode line had bs = concurrency.
     decode_tok_per_s: float | None = None

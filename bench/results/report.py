@@ -7,7 +7,6 @@ results.json layout is documented at the top of bench/results.py.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,10 +21,7 @@ from bench.configs import (
 )
 from bench.results import open_report
 from bench.results.analysis import Recommendation, best_of_ratios, recommend, series
-from bench.results.boundaries import prefill_batches_by_level
-from bench.results.decode_rate import decode_rates_by_batch_size, median_rate
-from bench.results.learned import basis_by_level, learned_lines
-from bench.results.logparse import ThresholdChange
+from bench.results.learned import learned_lines
 from bench.results.plot import write_throughput_plot
 from bench.results.profile_records import section as profile_section
 from bench.results.records import Analysis, ConfigRecord, LevelRecord, RateKey, RunResults, levels_of
@@ -76,31 +72,6 @@ def _ratios(cfgs: Mapping[str, ConfigRecord], s: Mapping[str, dict[int, float]])
         if present and name in s:
             ratios[name] = best_of_ratios(s[name], *(s[r] for r in present))
     return ratios
-
-
-def with_decode_rates(config: ConfigRecord, log_text: str) -> ConfigRecord:
-    """The config, each level given the median of the server's steady decode throughput at bs = its
-    concurrency, speculative steps counted at the acceptance of all its decode lines at that bs,
-    and the prefill batches its part of the log holds."""
-    by_bs = decode_rates_by_batch_size(log_text)
-    counted = prefill_batches_by_level(log_text, len(config.levels))
-    prefills: list[int | None] = list(counted) if counted else [None] * len(config.levels)
-
-    def level(lv: LevelRecord, prefill_batches: int | None, basis: ThresholdChange | None) -> LevelRecord:
-        rates = by_bs.get(lv.concurrency)
-        accept_len = rates.accept_len if rates else None
-        return dataclasses.replace(
-            lv,
-            decode_lines=len(rates.rates) if rates else 0,
-            decode_tok_per_s=median_rate(rates),
-            decode_accept_len=None if accept_len is None else round(accept_len, 3),
-            prefill_batches=prefill_batches,
-            switch_timed=basis.timed if basis else None,
-            switch_sure=basis.sure if basis else None,
-        )
-
-    bases = basis_by_level(log_text, len(config.levels))
-    return dataclasses.replace(config, levels=tuple(map(level, config.levels, prefills, bases)))
 
 
 def merge(*parts: RunResults) -> RunResults:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from bench.errors import BenchUsageError
 from bench.results import split_runs
+from bench.results.level_logs import with_decode_rates
 from bench.results.records import RunResults, read_results
-from bench.results.report import analyse, markdown, merge, with_decode_rates, write_all
+from bench.results.report import analyse, markdown, merge, write_all
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from bench.configs import (
     write_off_above_tiers,
 )
 from bench.errors import BenchError, BenchUsageError
-from bench.results import profile, report
+from bench.results import level_logs, profile, report
 from bench.results.analysis import hysteresis
 from bench.results.logparse import captured_graph_sets, parse_log
 from bench.results.open_records import rate_label
@@ -163,7 +163,7 @@ def _with_log(entry: ConfigRecord, log_text: str) -> ConfigRecord:
     """The record with what its part of the server log says: decode rates, graph sets, counters."""
     ranks = parse_log(log_text)
     return replace(
-        report.with_decode_rates(entry, log_text),
+        level_logs.with_decode_rates(entry, log_text),
         graph_sets=tuple(captured_graph_sets(log_text)),
         log_counters={r: (SwitchCounters.of(rl.counters) if rl.counters else None) for r, rl in ranks.items()},
     )

@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 from bench_helpers import DATA, decode_level  # noqa: E402
 
 from bench import cli  # noqa: E402
-from bench.results import report  # noqa: E402
+from bench.results import level_logs, report  # noqa: E402
 from bench.results.profile import ProfileSummary, ProfileWindow  # noqa: E402
 from bench.results.profile_records import ProfileRecord  # noqa: E402
 from bench.results.records import (  # noqa: E402
@@ -182,10 +182,10 @@ def test_level_records_are_frozen_and_decode_rates_make_new_ones() -> None:
     assert "decode_lines" not in lv.to_json()
     cfg = ConfigRecord(flags=(), levels=(lv,))
     line = "[2026-11-29 20:51:13] Decode batch, #running-req: 10, cuda graph: True, gen throughput (token/s): {t}\n"
-    filled = report.with_decode_rates(cfg, "".join(line.format(t=t) for t in (900.0, 1500.0, 1600.0)))
+    filled = level_logs.with_decode_rates(cfg, "".join(line.format(t=t) for t in (900.0, 1500.0, 1600.0)))
     assert cfg.levels[0].decode_lines is None  # unchanged
     assert (filled.levels[0].decode_tok_per_s, filled.levels[0].decode_lines) == (1550.0, 2)
-    none = report.with_decode_rates(cfg, "").levels[0]
+    none = level_logs.with_decode_rates(cfg, "").levels[0]
     assert none.to_json() == {**lv.to_json(), "decode_lines": 0, "decode_tok_per_s": None}
 
 

@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from bench.cli import main  # noqa: E402
-from bench.results import boundaries, decode_rate, logparse, report  # noqa: E402
+from bench.results import boundaries, decode_rate, level_logs, logparse, report  # noqa: E402
 from bench.results.records import LevelRecord, read_results  # noqa: E402
 
 SWEEP = Path(__file__).resolve().parents[3] / "docs" / "bench" / "sweep-trained-gpu-bound"
@@ -179,7 +179,7 @@ def test_a_speculative_interval_counts_the_tokens_its_steps_accepted(capsys: pyt
 def test_the_report_counts_each_levels_prefill_batches(sweep: Path) -> None:
     run, _ = read_results(sweep / "results.json")
     text = (sweep / "logs" / "nospec.log").read_text(errors="replace")
-    config = report.with_decode_rates(run.configs["nospec"], text)
+    config = level_logs.with_decode_rates(run.configs["nospec"], text)
     by_level = {lv.concurrency: lv.prefill_batches for lv in config.levels}
     assert by_level[70] == 17  # as `bench boundaries` counts it (the test above)
     parts = boundaries.level_parts(text, len(config.levels))

@@ -1,5 +1,5 @@
 """A level's decode-step rate at the acceptance of all its decode lines, not of its steady intervals'
-(bench.results.decode_rate, report.with_decode_rates; CPU, fast)."""
+(bench.results.decode_rate, level_logs.with_decode_rates; CPU, fast)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from bench_helpers import DATA  # noqa: E402
 
-from bench.results import report  # noqa: E402
+from bench.results import level_logs, report  # noqa: E402
 from bench.results.logparse import parse_log  # noqa: E402
 from bench.results.records import ConfigRecord, LevelRecord, ResultsError  # noqa: E402
 
@@ -65,7 +65,7 @@ def test_the_steady_intervals_alone_overstate_a_speculative_level() -> None:
     text = _spec_log()
     steady = _steady_rates(text, 8)
     assert statistics.median(steady) == 3.0 * STEP_RATE  # the rate at the steady intervals' acceptance
-    level = _level(report.with_decode_rates(_config(), text))
+    level = _level(level_logs.with_decode_rates(_config(), text))
     accept_len = (3 * 3.0 + 9 * 2.5) / 12  # every line at bs = 8, each 10 speculative steps
     assert (level.decode_tok_per_s, level.decode_lines) == (pytest.approx(accept_len * STEP_RATE, abs=0.05), 3)
     assert level.decode_accept_len == pytest.approx(accept_len, abs=5e-4)
@@ -73,7 +73,7 @@ def test_the_steady_intervals_alone_overstate_a_speculative_level() -> None:
 
 def test_a_plain_servers_rates_are_the_steady_median() -> None:
     text = (DATA / "nospec-decode.log").read_text()
-    level = _level(report.with_decode_rates(_config(), text.replace("running-req: 10,", "running-req: 8,")))
+    level = _level(level_logs.with_decode_rates(_config(), text.replace("running-req: 10,", "running-req: 8,")))
     steady = _steady_rates(text, 10)
     assert (level.decode_tok_per_s, level.decode_lines) == (round(statistics.median(steady), 1), len(steady))
     assert level.decode_accept_len is None
@@ -97,7 +97,7 @@ def _switch_log() -> str:
 
 
 def test_a_switch_counts_only_its_speculative_steps_at_the_levels_acceptance() -> None:
-    level = _level(report.with_decode_rates(_config(), _switch_log()))
+    level = _level(level_logs.with_decode_rates(_config(), _switch_log()))
     # 24 speculative steps with an accept len printed: 10 at 2.0 (the first line's, from the start),
     # 4 at 3.0, and 10 at 2.0 after a prefill; the plain interval's stale 2.9 does not count
     accept_len = (10 * 2.0 + 4 * 3.0 + 10 * 2.0) / 24
@@ -114,7 +114,7 @@ def test_the_table_names_the_acceptance_of_its_speculative_cells() -> None:
     nospec = ConfigRecord(
         flags=(), levels=(LevelRecord(8, 24, 2400, 1.0, 2400.0, decode_tok_per_s=2500.0, decode_lines=9),)
     )
-    run = RunResults(meta={}, configs={"nospec": nospec, "spec": report.with_decode_rates(_config(), _spec_log())})
+    run = RunResults(meta={}, configs={"nospec": nospec, "spec": level_logs.with_decode_rates(_config(), _spec_log())})
     md = report.markdown(run, report.analyse(run))
     assert "| spec | 2625 (3, A 2.62) |" in md and "| nospec | 2500 (9) |" in md
     assert "Cells with A: each steady interval's speculative steps counted at A" in md
@@ -123,7 +123,7 @@ def test_the_table_names_the_acceptance_of_its_speculative_cells() -> None:
 
 
 def test_the_acceptance_is_kept_in_results_json_and_older_files_read_without_it() -> None:
-    level = _level(report.with_decode_rates(_config(), _spec_log()))
+    level = _level(level_logs.with_decode_rates(_config(), _spec_log()))
     data = level.to_json()
     assert data["decode_accept_len"] == level.decode_accept_len
     assert LevelRecord.from_json(data, "l") == level

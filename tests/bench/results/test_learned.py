@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_helpers import decode_level  # noqa: E402
 
-from bench.results import report  # noqa: E402
+from bench.results import level_logs, report  # noqa: E402
 from bench.results.records import ConfigRecord, RunResults  # noqa: E402
 
 AUTO = ("--speculative-disable-batch-size", "auto")
@@ -77,7 +77,7 @@ def test_each_levels_threshold_is_shown_with_what_it_was_learnt_from() -> None:
     # the first traffic's part of the log: its levels' flushes (the second traffic's follow)
     flushes = log.split("Cache flushed successfully")
     first_part = "Cache flushed successfully".join(flushes[: len(first.levels) + 1])
-    config = report.with_decode_rates(first, first_part)
+    config = level_logs.with_decode_rates(first, first_part)
     by_level = {lv.concurrency: (lv.switch_threshold, lv.switch_timed, lv.switch_sure) for lv in config.levels}
     assert by_level[1] == by_level[2] == (8, None, None), "the prior: no change logged yet"
     assert by_level[5] == (10, (1, 2, 5), 8)  # `8 -> 10`, logged in C=5's part
