@@ -10,8 +10,9 @@ start, is shown beside it.
 from __future__ import annotations
 
 from bench.configs import BASELINE_NOSPEC, declared_references, first_traffic_name, then_name
+from bench.errors import BenchUsageError
 from bench.results.analysis import Recommendation, recommend, series
-from bench.results.boundaries import FLUSHED
+from bench.results.boundaries import FLUSHED, level_parts
 from bench.results.logparse import ThresholdChange, threshold_changes
 from bench.results.records import ConfigRecord, LevelRecord, RateKey, RunResults
 
@@ -36,18 +37,19 @@ def _basis(lv: LevelRecord) -> str:
 
 
 def basis_by_level(log_text: str, count: int) -> list[ThresholdChange | None]:
-    """For each of `count` levels (the log's parts after its first `count` cache flushes), the last
-    threshold change logged before the level's end, the warm-up's and earlier levels' included."""
-    parts = log_text.split(FLUSHED)
+    """For each of `count` levels (their parts of the log as boundaries.level_parts cuts them, the
+    prefill counts' too), the last threshold change logged before the level's end, the warm-up's and
+    earlier levels' included; all None when the log does not hold a part per level."""
+    try:
+        parts = level_parts(log_text, count)
+    except BenchUsageError:
+        return [None] * count
     out: list[ThresholdChange | None] = []
-    last = None
-    for i, part in enumerate(parts[: count + 1]):
-        changes = threshold_changes(part)
-        if changes:
-            last = changes[-1]
-        if i:  # parts[0] is the warm-up's
-            out.append(last)
-    return out + [None] * (count - len(out))
+    last = next(reversed(threshold_changes(log_text.split(FLUSHED, 1)[0])), None)  # the warm-up's
+    for part in parts:
+        last = next(reversed(threshold_changes(part)), last)
+        out.append(last)
+    return out
 
 
 def _crossovers(run: RunResults, name: str, cfg: ConfigRecord) -> str:
