@@ -16,7 +16,7 @@ from typing import Any
 
 PYTHON_CATEGORY = "python_function"
 RUNTIME_CATEGORY = "cuda_runtime"
-_SYNCS = {"cudaEventSynchronize", "cudaStreamSynchronize", "cudaDeviceSynchronize"}
+SYNC_CALLS = frozenset({"cudaEventSynchronize", "cudaStreamSynchronize", "cudaDeviceSynchronize"})
 # "/tmp/sgltree/python/sglang/srt/managers/scheduler.py(2346): run_batch"
 _SGLANG_FRAME = re.compile(r"sglang/srt/(?P<file>[^()]+?)\(\d+\): (?P<function>.+)$")
 TOP = 20
@@ -45,7 +45,7 @@ def sglang_function(frame_name: str) -> str | None:
 
 
 def _kind(call: str) -> str | None:
-    if call in _SYNCS:
+    if call in SYNC_CALLS:
         return "syncs"
     if call.startswith(("cudaMemcpy", "cudaMemset")):
         return "copies"

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from bench.results import profile_compare
 from bench.results.fields import Fields, ResultsError, ranked_row
 from bench.results.host_calls import HostCalls, beyond
 from bench.results.profile import ProfileSummary, ProfileWindow, markdown
@@ -107,9 +108,10 @@ def _host_calls(data: Any, where: str) -> HostCalls:
 
 
 def section(profiles: Mapping[str, tuple[ProfileRecord, ...]], references: Mapping[str, Sequence[str]]) -> list[str]:
-    """results.md's profiles: each config's, and where it and one of its references (the plain server,
-    and the configs it is compared with: a switch's always-speculating server) were traced with
-    stacks at one level and window, the host calls it made beyond that reference's."""
+    """results.md's profiles: each config's, and against each of its references (the plain server, and
+    the configs it is compared with: a switch's always-speculating server) profiled at the same level
+    and window, its times over theirs and, where both were traced with stacks, the host calls it made
+    beyond theirs."""
     out = []
     for name, records in profiles.items():
         for p in records:
@@ -118,15 +120,21 @@ def section(profiles: Mapping[str, tuple[ProfileRecord, ...]], references: Mappi
                 continue
             out += markdown(name, p.concurrency, p.summary, p.window)
             for reference in references.get(name, ()):
-                out += _beyond(p, reference, profiles.get(reference, ()))
+                out += _against(p.summary, reference, _same_level(p, profiles.get(reference, ())))
     return out
 
 
-def _beyond(p: ProfileRecord, reference: str, theirs: tuple[ProfileRecord, ...]) -> list[str]:
-    """The host calls profile p made beyond the reference's profile of the same level and window."""
-    same = [q.summary for q in theirs if (q.concurrency, q.window) == (p.concurrency, p.window)]
-    if not (same and same[0] is not None and same[0].host_calls and p.summary and p.summary.host_calls):
+def _same_level(p: ProfileRecord, theirs: tuple[ProfileRecord, ...]) -> ProfileSummary | None:
+    return next((q.summary for q in theirs if (q.concurrency, q.window) == (p.concurrency, p.window)), None)
+
+
+def _against(mine: ProfileSummary, reference: str, theirs: ProfileSummary | None) -> list[str]:
+    if theirs is None:
         return []
-    extra = beyond(p.summary.host_calls, same[0].host_calls)
-    listed = ", ".join(f"{h.function} +{h.launches}/+{h.copies}/+{h.syncs}" for h in extra) or "none"
-    return [f"  - host calls beyond `{reference}`'s (launches/copies/syncs): {listed}"]
+    ratios = profile_compare.compare(mine, theirs)
+    out = [profile_compare.markdown(reference, ratios)] if ratios else []
+    if mine.host_calls and theirs.host_calls:
+        extra = beyond(mine.host_calls, theirs.host_calls)
+        listed = ", ".join(f"{h.function} +{h.launches}/+{h.copies}/+{h.syncs}" for h in extra) or "none"
+        out.append(f"  - host calls beyond `{reference}`'s (launches/copies/syncs): {listed}")
+    return out
