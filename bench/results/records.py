@@ -54,6 +54,7 @@ from bench.results.fields import (
     recommendation,
     str_map,
 )
+from bench.results.host_use import ProcessUse
 from bench.results.logparse import GraphSet
 from bench.results.open_records import OpenRateRecord, rates_from_json
 from bench.results.profile_records import ProfileRecord, profiles_from_json
@@ -92,6 +93,7 @@ class LevelRecord:
     switch_sure: int | None = None
     # The prefill batches the server logged in the level (bench.results.boundaries): None until the log is read.
     prefill_batches: int | None = None
+    host: tuple[ProcessUse, ...] = ()  # the server's processes over the level (bench.run.host_sampling)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -131,6 +133,8 @@ class LevelRecord:
             out["decode_tok_per_s"] = self.decode_tok_per_s
         if self.decode_accept_len is not None:
             out["decode_accept_len"] = self.decode_accept_len
+        if self.host:
+            out["host"] = [p.to_json() for p in self.host]
         return {**out, **self.extra}
 
     @classmethod
@@ -160,6 +164,9 @@ class LevelRecord:
             switch_timed=r.opt(r.integers, "switch_timed"),
             switch_sure=r.opt(r.integer, "switch_sure"),
             prefill_batches=r.opt(r.integer, "prefill_batches"),
+            host=tuple(
+                ProcessUse.from_json(p, f"{where}.host[{i}]") for i, p in enumerate(r.opt(r.items, "host") or [])
+            ),
             extra=r.rest(),
         )
 

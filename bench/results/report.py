@@ -19,7 +19,7 @@ from bench.configs import (
     declared_references,
     first_traffic_name,
 )
-from bench.results import open_report
+from bench.results import host_use, open_report
 from bench.results.analysis import Recommendation, best_of_ratios, recommend, series
 from bench.results.learned import learned_lines
 from bench.results.plot import write_throughput_plot
@@ -164,6 +164,7 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
             *_table(cfgs, levels, "decode_tok_per_s", analysis.decode_ratios),
             "",
         ]
+    out += host_use.section({n: [(lv.concurrency, lv.wall_s, lv.host) for lv in c.levels] for n, c in cfgs.items()})
     out += open_report.markdown_lines(run)
     out += _noise_lines(run, analysis)
     out += _recommendation_lines(analysis) if levels else []  # none from an open loop alone

@@ -253,6 +253,11 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def group(self) -> int | None:
+        """The server's process group (it starts a session of its own): its processes' on the host."""
+        return self.proc.pid if self.proc is not None else None
+
+    @property
     def command(self) -> str:
         env = " ".join(f"{k}={v}" for k, v in self.spec.env.items())
         return (env + " " if env else "") + shlex.join(self.spec.argv(self.port, self.python))

@@ -51,6 +51,8 @@ def test_bench_against_fake_server(tmp_path: Path) -> None:
         ]
         assert all(s == 0 for s in c["levels"][0]["wave_send_spread_s"]), name
         assert all(s >= 0 for s in c["levels"][1]["wave_send_spread_s"]), name
+        if Path("/proc/self/task").is_dir():  # each level sampled the server's process group on the host
+            assert all(lv["host"] and lv["host"][0]["threads"] >= 1 for lv in c["levels"]), name
     sw = res["configs"]["switch-v1"]
     assert sw["flags"][-4:] == ["--speculative-disable-batch-size", "2", "--speculative-enable-batch-size", "1"]
     assert "--speculative-draft-model-path" not in sw["flags"]  # added by ServerSpec.argv

@@ -1,0 +1,130 @@
+"""A server's processes read from /proc before and after a level (bench.results.host_use says why).
+
+The server runs in a process group of its own (bench.run.server.Server), so its processes are those
+of that group: the launcher, each rank's scheduler, the detokenizer. Linux only; elsewhere, or for a
+process gone between two reads, there is simply no sample.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.results.host_use import ProcessUse
+
+PROC = Path("/proc")
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass(frozen=True)
+class ThreadSample:
+    tid: int
+    name: str
+    cpu_s: float
+    involuntary_switches: int
+    migrations: int | None
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    pid: int
+    name: str
+    cpu_s: float  # every thread's, those ended included
+    threads: tuple[ThreadSample, ...]  # the main thread first
+    rss_mb: float
+
+
+def _stat_fields(text: str) -> tuple[str, list[str]]:
+    """The name in parentheses (it may hold spaces and parentheses) and the fields after it."""
+    head, _, rest = text.rpartition(")")
+    return head.partition("(")[2], rest.split()
+
+
+def _status_value(text: str, key: str) -> int | None:
+    for line in text.splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return None
+
+
+def _cpu_s(fields: list[str]) -> float:
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+
+
+def _thread(task: Path) -> ThreadSample:
+    name, fields = _stat_fields((task / "stat").read_text())
+    status = (task / "status").read_text()
+    try:
+        sched = (task / "sched").read_text()
+    except OSError:  # kernels without scheduler statistics
+        sched = ""
+    moved = next((line.split(":")[1] for line in sched.splitlines() if line.startswith("se.nr_migrations")), None)
+    return ThreadSample(
+        tid=int(task.name),
+        name=name,
+        cpu_s=_cpu_s(fields),
+        involuntary_switches=_status_value(status, "nonvoluntary_ctxt_switches") or 0,
+        migrations=None if moved is None else int(moved),
+    )
+
+
+def _title(pid_dir: Path, comm: str) -> str:
+    first = (pid_dir / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace").strip()
+    return first if first.startswith("sglang::") else comm
+
+
+def sample(pid: int, proc: Path = PROC) -> ProcessSample | None:
+    pid_dir = proc / str(pid)
+    try:
+        comm, fields = _stat_fields((pid_dir / "stat").read_text())
+        threads = [_thread(t) for t in sorted(pid_dir.glob("task/*"), key=lambda t: (t.name != str(pid), t.name))]
+        rss_kb = _status_value((pid_dir / "status").read_text(), "VmRSS") or 0
+        return ProcessSample(pid, _title(pid_dir, comm), _cpu_s(fields), tuple(threads), rss_kb / 1024)
+    except (OSError, ValueError, IndexError):  # gone meanwhile, or not Linux's /proc
+        return None
+
+
+def group(pgid: int, proc: Path = PROC) -> dict[int, ProcessSample]:
+    """Every process of the process group, sampled."""
+    out = {}
+    for pid_dir in proc.glob("[0-9]*"):
+        try:
+            _, fields = _stat_fields((pid_dir / "stat").read_text())
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and (s := sample(int(pid_dir.name), proc)) is not None:
+            out[s.pid] = s
+    return out
+
+
+def use_between(before: dict[int, ProcessSample], after: dict[int, ProcessSample]) -> tuple[ProcessUse, ...]:
+    """What each process sampled at both ends did in between (a thread born meanwhile counts whole;
+    one ended meanwhile counts in the process's CPU time only)."""
+    return tuple(_use(before[pid], after[pid]) for pid in sorted(after) if pid in before)
+
+
+def _use(before: ProcessSample, after: ProcessSample) -> ProcessUse:
+    earlier = {t.tid: t for t in before.threads}
+
+    def spent(t: ThreadSample) -> float:
+        return t.cpu_s - (earlier[t.tid].cpu_s if t.tid in earlier else 0.0)
+
+    main, *others = after.threads
+    main_before = earlier.get(main.tid, ThreadSample(main.tid, main.name, 0.0, 0, 0))
+    busiest = max(others, key=spent, default=None)
+    busiest_s = spent(busiest) if busiest else 0.0
+    moved = None
+    if main.migrations is not None and main_before.migrations is not None:
+        moved = main.migrations - main_before.migrations
+    return ProcessUse(
+        name=after.name,
+        cpu_s=round(after.cpu_s - before.cpu_s, 2),
+        main_cpu_s=round(spent(main), 2),
+        busiest_other=busiest.name if busiest and busiest_s > 0 else "",
+        busiest_other_cpu_s=round(busiest_s, 2) if busiest_s > 0 else 0.0,
+        involuntary_switches=main.involuntary_switches - main_before.involuntary_switches,
+        migrations=moved,
+        threads=len(after.threads),
+        rss_mb=round(after.rss_mb, 1),
+    )
