@@ -89,3 +89,20 @@ def section(levels_by_config: Mapping[str, Sequence[tuple[int, float, Sequence[P
     for name, cells in rows.items():
         out.append(f"| {name} | " + " | ".join(cells.get(c, "") for c in columns) + " |")
     return out + [""]
+
+
+def compile_lines(levels_by_config: Mapping[str, Sequence[tuple[int, int | None]]]) -> list[str]:
+    """The levels in which the server compiled Triton kernels: (concurrency, compiles) per config."""
+    cells = [
+        f"`{name}` C={c}: {n}"
+        for name, levels in levels_by_config.items()
+        for c, n in levels
+        if n is not None and n > 0
+    ]
+    if not cells:
+        return []
+    return [
+        "Triton kernels compiled during measured levels (new entries in the server's Triton cache: shapes "
+        "the warm-up did not meet, each a stall of the step that met them): " + "; ".join(cells) + ".",
+        "",
+    ]

@@ -94,6 +94,7 @@ class LevelRecord:
     # The prefill batches the server logged in the level (bench.results.boundaries): None until the log is read.
     prefill_batches: int | None = None
     host: tuple[ProcessUse, ...] = ()  # the server's processes over the level (bench.run.host_sampling)
+    triton_compiles: int | None = None  # kernels Triton compiled in the level (None: not sampled, no cache)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -135,6 +136,8 @@ class LevelRecord:
             out["decode_accept_len"] = self.decode_accept_len
         if self.host:
             out["host"] = [p.to_json() for p in self.host]
+        if self.triton_compiles is not None:
+            out["triton_compiles"] = self.triton_compiles
         return {**out, **self.extra}
 
     @classmethod

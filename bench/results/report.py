@@ -165,6 +165,9 @@ def markdown(run: RunResults, analysis: Analysis) -> str:
             "",
         ]
     out += host_use.section({n: [(lv.concurrency, lv.wall_s, lv.host) for lv in c.levels] for n, c in cfgs.items()})
+    out += host_use.compile_lines(
+        {n: [(lv.concurrency, lv.triton_compiles) for lv in c.levels] for n, c in cfgs.items()}
+    )
     out += open_report.markdown_lines(run)
     out += _noise_lines(run, analysis)
     out += _recommendation_lines(analysis) if levels else []  # none from an open loop alone

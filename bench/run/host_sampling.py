@@ -1,13 +1,17 @@
-"""A server's processes read from /proc before and after a level (bench.results.host_use says why).
+"""A server's processes read from /proc before and after a level (bench.results.host_use says why),
+and the kernels Triton compiled meanwhile.
 
 The server runs in a process group of its own (bench.run.server.Server), so its processes are those
 of that group: the launcher, each rank's scheduler, the detokenizer. Linux only; elsewhere, or for a
-process gone between two reads, there is simply no sample.
+process gone between two reads, there is simply no sample. Triton writes each kernel it compiles to
+a directory of its own in its cache: new ones during a level are compiles the warm-up did not do
+(a shape first met there), each a stall of the step that met it.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,6 +100,53 @@ def group(pgid: int, proc: Path = PROC) -> dict[int, ProcessSample]:
         if len(fields) > 2 and fields[2] == str(pgid) and (s := sample(int(pid_dir.name), proc)) is not None:
             out[s.pid] = s
     return out
+
+
+def triton_cache(env: Mapping[str, str]) -> Path:
+    """Where a process with this environment keeps Triton's compiled kernels (Triton's own rule)."""
+    if env.get("TRITON_CACHE_DIR"):
+        return Path(env["TRITON_CACHE_DIR"])
+    return Path(env.get("TRITON_HOME") or Path.home()) / ".triton" / "cache"
+
+
+def cache_entries(cache: Path) -> int | None:
+    """None: no cache yet (nothing compiled, or not Triton's layout)."""
+    try:
+        return sum(1 for entry in cache.iterdir() if entry.is_dir())
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True)
+class HostSample:
+    processes: dict[int, ProcessSample]
+    triton_entries: int | None
+
+
+@dataclass(frozen=True)
+class ServerHost:
+    """What to read of one running server: its process group, and its Triton cache."""
+
+    group: int
+    triton_cache: Path
+
+    def sample(self) -> HostSample:
+        return HostSample(group(self.group), cache_entries(self.triton_cache))
+
+
+@dataclass(frozen=True)
+class LevelUse:
+    processes: tuple[ProcessUse, ...] = ()
+    triton_compiles: int | None = None  # None: not sampled, or no Triton cache
+
+
+def level_use(before: HostSample | None, after: HostSample | None) -> LevelUse:
+    if before is None or after is None:
+        return LevelUse()
+    compiles = None
+    if after.triton_entries is not None:
+        compiles = after.triton_entries - (before.triton_entries or 0)
+    return LevelUse(use_between(before.processes, after.processes), compiles)
 
 
 def use_between(before: dict[int, ProcessSample], after: dict[int, ProcessSample]) -> tuple[ProcessUse, ...]:

@@ -18,23 +18,24 @@ from bench.results.open_records import OpenRateRecord, rate_label
 from bench.results.records import Analysis, ConfigRecord, LevelRecord, RunResults
 from bench.results.switch_counters import SwitchCounters
 from bench.run import client, host_sampling, open_loop
+from bench.run.host_sampling import ServerHost
 from bench.run.settings import RunSettings, RunTarget, requests_for_level
 
 logger = logging.getLogger(__name__)
 
 
 def run_levels(
-    name: str, url: str, settings: RunSettings, target: RunTarget, results: RunResults, group: int | None = None
+    name: str, url: str, settings: RunSettings, target: RunTarget, results: RunResults, host: ServerHost | None = None
 ) -> ConfigRecord:
     """Measure each level in turn, saving the run after each; the config's record with its levels.
-    group: the server's process group, whose processes each level samples on the host."""
+    host: what each level samples of the server on the host (its processes, its Triton compiles)."""
     for c in settings.levels:
-        _append(results, target.out, name, _run_level(name, url, c, settings, target, group))
+        _append(results, target.out, name, _run_level(name, url, c, settings, target, host))
     return results.configs[name]
 
 
 def run_then_levels(
-    name: str, url: str, settings: RunSettings, target: RunTarget, results: RunResults, group: int | None = None
+    name: str, url: str, settings: RunSettings, target: RunTarget, results: RunResults, host: ServerHost | None = None
 ) -> ConfigRecord:
     """The levels again with --then-prompts on the same server (whatever a learning switch learned
     stays), recorded as then_name(name) and compared with its references' own second traffic."""
@@ -43,15 +44,17 @@ def run_then_levels(
     results.configs[then] = ConfigRecord(
         flags=first.flags, env=first.env, compare_to=tuple(then_name(r) for r in first.compare_to)
     )
-    return run_levels(then, url, settings, replace(target, prompts=target.then_prompts), results, group)
+    return run_levels(then, url, settings, replace(target, prompts=target.then_prompts), results, host)
 
 
-def _run_level(name: str, url: str, c: int, settings: RunSettings, target: RunTarget, group: int | None) -> LevelRecord:
+def _run_level(
+    name: str, url: str, c: int, settings: RunSettings, target: RunTarget, host: ServerHost | None
+) -> LevelRecord:
     n = requests_for_level(settings.num_requests, settings.waves, c)
     batch = target.prompts_for_level(n)
     client.flush_cache(url)
     before = parse_metrics(client.get_metrics(url))
-    host_before = host_sampling.group(group) if group is not None else {}
+    host_before = host.sample() if host is not None else None
     with tqdm(total=n, desc=f"[{name}] C={c}", disable=not sys.stderr.isatty(), leave=False) as bar:
         lr = client.run_level(
             url,
@@ -61,7 +64,7 @@ def _run_level(name: str, url: str, c: int, settings: RunSettings, target: RunTa
             on_done=lambda done, _: bar.update(done - bar.n),
             max_new_tokens=settings.output_lengths(c, n),
         )
-    host = host_sampling.use_between(host_before, host_sampling.group(group)) if group is not None else ()
+    on_host = host_sampling.level_use(host_before, host.sample() if host is not None else None)
     metrics = client.get_metrics(url)
     counters, threshold = SwitchCounters.between(before, parse_metrics(metrics)), parse_threshold(metrics)
     errors = lr.errors[:5] + ([f"... {len(lr.errors)} errors"] if len(lr.errors) > 5 else [])
@@ -82,7 +85,8 @@ def _run_level(name: str, url: str, c: int, settings: RunSettings, target: RunTa
         wave_tok_per_s=tuple(round(w, 1) for w in lr.wave_tok_per_s()),
         wave_send_spread_s=tuple(round(s, 4) for s in lr.wave_send_spread_s()),
         switch_threshold=threshold,
-        host=host,
+        host=on_host.processes,
+        triton_compiles=on_host.triton_compiles,
     )
 
 

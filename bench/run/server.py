@@ -23,6 +23,7 @@ from typing import IO
 import requests
 
 from bench.errors import BenchError
+from bench.run.host_sampling import ServerHost, triton_cache
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PATCH_MARKER = "speculative_disable_batch_size"
@@ -253,9 +254,12 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     @property
-    def group(self) -> int | None:
-        """The server's process group (it starts a session of its own): its processes' on the host."""
-        return self.proc.pid if self.proc is not None else None
+    def host(self) -> ServerHost | None:
+        """What a level reads of the server on the host: its process group (it starts a session of its
+        own) and its Triton cache."""
+        if self.proc is None:
+            return None
+        return ServerHost(self.proc.pid, triton_cache(server_env(self.tree, self.spec.env)))
 
     @property
     def command(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from bench_helpers import run_fake_bench  # noqa: E402
 
 from bench.results import host_use  # noqa: E402
 from bench.results.records import LevelRecord  # noqa: E402
@@ -82,3 +85,25 @@ def test_a_process_gone_or_another_group_gives_no_sample(server: subprocess.Pope
     assert host_sampling.sample(2**22 + 7) is None
     assert server.pid not in host_sampling.group(1)
     assert host_sampling.use_between({}, host_sampling.group(server.pid)) == ()
+
+
+def test_tritons_cache_is_found_as_triton_finds_it(tmp_path: Path) -> None:
+    assert host_sampling.triton_cache({"TRITON_CACHE_DIR": "/x/cache", "TRITON_HOME": "/y"}) == Path("/x/cache")
+    assert host_sampling.triton_cache({"TRITON_HOME": "/y"}) == Path("/y/.triton/cache")
+    assert host_sampling.triton_cache({}) == Path.home() / ".triton" / "cache"
+    assert host_sampling.cache_entries(tmp_path / "none") is None
+    (tmp_path / "k1").mkdir()
+    (tmp_path / "stray-file").write_text("")
+    assert host_sampling.cache_entries(tmp_path) == 1, "a kernel is a directory"
+
+
+def test_a_level_that_met_a_new_shape_counts_its_compile_and_results_md_names_it(tmp_path: Path) -> None:
+    cache = tmp_path / "triton"
+    cache.mkdir()
+    env = {"TRITON_CACHE_DIR": str(cache), "FAKE_COMPILE_AT_BS": "4"}
+    r = run_fake_bench(tmp_path / "out", "--configs", "nospec", "--concurrency", "1,4", "--num-requests", "4", env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    levels = json.loads((tmp_path / "out" / "results.json").read_text())["configs"]["nospec"]["levels"]
+    assert [lv["triton_compiles"] for lv in levels] == [0, 1], "the warm-up met bs 4 with short requests only"
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "Triton kernels compiled during measured levels" in md and "`nospec` C=4: 1." in md

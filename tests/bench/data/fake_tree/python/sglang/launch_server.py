@@ -138,6 +138,12 @@ class H(BaseHTTPRequestHandler):
                     state["on"] = on
                     print(f"[fake TP0] spec-switch: speculation {'ON' if on else 'OFF'} at bs={bs}", flush=True)
                 state["spec" if on else "fallback"] += 1
+            compile_at = os.environ.get("FAKE_COMPILE_AT_BS")
+            # As Triton does for a shape first met: a kernel compiled into its cache. The warm-up's
+            # requests (8 tokens) do not meet it.
+            if compile_at and bs == int(compile_at) and n > 8 and not state.get("compiled"):
+                state["compiled"] = True
+                os.makedirs(os.path.join(os.environ["TRITON_CACHE_DIR"], f"kernel-{bs}"))
             print(
                 f"[fake TP0] Decode batch, #running-req: {bs}, cuda graph: True, "
                 f"gen throughput (token/s): 100.00, #queue-req: 0",
