@@ -170,6 +170,7 @@ class LevelRecord:
             host=tuple(
                 ProcessUse.from_json(p, f"{where}.host[{i}]") for i, p in enumerate(r.opt(r.items, "host") or [])
             ),
+            triton_compiles=r.opt(r.integer, "triton_compiles"),
             extra=r.rest(),
         )
 

@@ -56,9 +56,13 @@ def _cpu_s(fields: list[str]) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
 
 
-def _thread(task: Path) -> ThreadSample:
-    name, fields = _stat_fields((task / "stat").read_text())
-    status = (task / "status").read_text()
+def _thread(task: Path) -> ThreadSample | None:
+    """None: the thread ended while it was read."""
+    try:
+        name, fields = _stat_fields((task / "stat").read_text())
+        status = (task / "status").read_text()
+    except OSError:
+        return None
     try:
         sched = (task / "sched").read_text()
     except OSError:  # kernels without scheduler statistics
@@ -82,7 +86,10 @@ def sample(pid: int, proc: Path = PROC) -> ProcessSample | None:
     pid_dir = proc / str(pid)
     try:
         comm, fields = _stat_fields((pid_dir / "stat").read_text())
-        threads = [_thread(t) for t in sorted(pid_dir.glob("task/*"), key=lambda t: (t.name != str(pid), t.name))]
+        tasks = sorted(pid_dir.glob("task/*"), key=lambda t: (t.name != str(pid), t.name))
+        threads = [t for t in map(_thread, tasks) if t is not None]
+        if not threads or threads[0].tid != pid:
+            return None  # its main thread gone: the process is
         rss_kb = _status_value((pid_dir / "status").read_text(), "VmRSS") or 0
         return ProcessSample(pid, _title(pid_dir, comm), _cpu_s(fields), tuple(threads), rss_kb / 1024)
     except (OSError, ValueError, IndexError):  # gone meanwhile, or not Linux's /proc

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from bench_helpers import run_fake_bench  # noqa: E402
 
 from bench.results import host_use  # noqa: E402
-from bench.results.records import LevelRecord  # noqa: E402
+from bench.results.records import LevelRecord, read_results  # noqa: E402
 from bench.run import host_sampling  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads Linux's /proc")
@@ -107,3 +107,5 @@ def test_a_level_that_met_a_new_shape_counts_its_compile_and_results_md_names_it
     assert [lv["triton_compiles"] for lv in levels] == [0, 1], "the warm-up met bs 4 with short requests only"
     md = (tmp_path / "out" / "results.md").read_text()
     assert "Triton kernels compiled during measured levels" in md and "`nospec` C=4: 1." in md
+    (run, _) = read_results(tmp_path / "out" / "results.json")
+    assert [lv.triton_compiles for lv in run.configs["nospec"].levels] == [0, 1], "read back as a field"
