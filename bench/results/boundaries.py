@@ -74,14 +74,23 @@ def level_parts(text: str, count: int) -> list[str]:
     return [before_profile(part) for part in parts[:count]]
 
 
-def prefill_batches_by_level(text: str, count: int) -> list[int] | None:
-    """The prefill batches in each of `count` levels' parts of the log; None when the log does not
-    hold one part per level (a server started without the bench's flushes)."""
+def level_parts_if_cut(text: str, count: int) -> list[str] | None:
+    """level_parts, or None when the log does not hold one part per level (a server started without
+    the bench's flushes)."""
     try:
-        parts = level_parts(text, count)
+        return level_parts(text, count)
     except BenchUsageError:
         return None
-    return [len(_prefill_batches(part)) for part in parts]
+
+
+def prefill_batch_count(part: str) -> int:
+    return len(_prefill_batches(part))
+
+
+def prefill_batches_by_level(text: str, count: int) -> list[int] | None:
+    """The prefill batches in each of `count` levels' parts of the log; None when it is not cut so."""
+    parts = level_parts_if_cut(text, count)
+    return None if parts is None else [prefill_batch_count(part) for part in parts]
 
 
 def _prefill_batches(part: str) -> list[re.Match[str]]:

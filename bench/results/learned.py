@@ -9,10 +9,11 @@ start, is shown beside it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from bench.configs import BASELINE_NOSPEC, declared_references, first_traffic_name, then_name
-from bench.errors import BenchUsageError
 from bench.results.analysis import Recommendation, recommend, series
-from bench.results.boundaries import FLUSHED, level_parts
+from bench.results.boundaries import FLUSHED
 from bench.results.logparse import ThresholdChange, threshold_changes
 from bench.results.records import ConfigRecord, LevelRecord, RateKey, RunResults
 
@@ -36,14 +37,9 @@ def _basis(lv: LevelRecord) -> str:
     return f" (timed both ways at {timed}; sure up to {lv.switch_sure})"
 
 
-def basis_by_level(log_text: str, count: int) -> list[ThresholdChange | None]:
-    """For each of `count` levels (their parts of the log as boundaries.level_parts cuts them, the
-    prefill counts' too), the last threshold change logged before the level's end, the warm-up's and
-    earlier levels' included; all None when the log does not hold a part per level."""
-    try:
-        parts = level_parts(log_text, count)
-    except BenchUsageError:
-        return [None] * count
+def basis_by_level(log_text: str, parts: Sequence[str]) -> list[ThresholdChange | None]:
+    """For each level's part of the log (boundaries.level_parts), the last threshold change logged
+    before the level's end, the warm-up's and earlier levels' included."""
     out: list[ThresholdChange | None] = []
     last = next(reversed(threshold_changes(log_text.split(FLUSHED, 1)[0])), None)  # the warm-up's
     for part in parts:

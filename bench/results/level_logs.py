@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bench.results.boundaries import prefill_batches_by_level
+from bench.results.boundaries import level_parts_if_cut, prefill_batch_count
 from bench.results.decode_rate import decode_rates_by_batch_size, median_rate
 from bench.results.learned import basis_by_level
 from bench.results.logparse import ThresholdChange
@@ -19,8 +19,12 @@ def with_decode_rates(config: ConfigRecord, log_text: str) -> ConfigRecord:
     concurrency, speculative steps counted at the acceptance of all its decode lines at that bs,
     and the prefill batches its part of the log holds."""
     by_bs = decode_rates_by_batch_size(log_text)
-    counted = prefill_batches_by_level(log_text, len(config.levels))
-    prefills: list[int | None] = list(counted) if counted else [None] * len(config.levels)
+    parts = level_parts_if_cut(log_text, len(config.levels))
+    prefills: list[int | None] = [None] * len(config.levels)
+    bases: list[ThresholdChange | None] = [None] * len(config.levels)
+    if parts is not None:
+        prefills = [prefill_batch_count(part) for part in parts]
+        bases = basis_by_level(log_text, parts)
 
     def level(lv: LevelRecord, prefill_batches: int | None, basis: ThresholdChange | None) -> LevelRecord:
         rates = by_bs.get(lv.concurrency)
@@ -35,5 +39,4 @@ def with_decode_rates(config: ConfigRecord, log_text: str) -> ConfigRecord:
             switch_sure=basis.sure if basis else None,
         )
 
-    bases = basis_by_level(log_text, len(config.levels))
     return dataclasses.replace(config, levels=tuple(map(level, config.levels, prefills, bases)))

@@ -83,28 +83,38 @@ def _title(pid_dir: Path, comm: str) -> str:
 
 
 def sample(pid: int, proc: Path = PROC) -> ProcessSample | None:
-    pid_dir = proc / str(pid)
     try:
-        comm, fields = _stat_fields((pid_dir / "stat").read_text())
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return _sample(proc / str(pid), stat)
+
+
+def _sample(pid_dir: Path, stat: str) -> ProcessSample | None:
+    """None: the process ended while it was read, or this is not Linux's /proc."""
+    pid = int(pid_dir.name)
+    try:
+        comm, fields = _stat_fields(stat)
         tasks = sorted(pid_dir.glob("task/*"), key=lambda t: (t.name != str(pid), t.name))
         threads = [t for t in map(_thread, tasks) if t is not None]
         if not threads or threads[0].tid != pid:
             return None  # its main thread gone: the process is
         rss_kb = _status_value((pid_dir / "status").read_text(), "VmRSS") or 0
         return ProcessSample(pid, _title(pid_dir, comm), _cpu_s(fields), tuple(threads), rss_kb / 1024)
-    except (OSError, ValueError, IndexError):  # gone meanwhile, or not Linux's /proc
+    except (OSError, ValueError, IndexError):
         return None
 
 
 def group(pgid: int, proc: Path = PROC) -> dict[int, ProcessSample]:
-    """Every process of the process group, sampled."""
+    """Every process of the process group, sampled (each one's stat read once)."""
     out = {}
     for pid_dir in proc.glob("[0-9]*"):
         try:
-            _, fields = _stat_fields((pid_dir / "stat").read_text())
+            stat = (pid_dir / "stat").read_text()
         except OSError:
             continue
-        if len(fields) > 2 and fields[2] == str(pgid) and (s := sample(int(pid_dir.name), proc)) is not None:
+        fields = _stat_fields(stat)[1]
+        if len(fields) > 2 and fields[2] == str(pgid) and (s := _sample(pid_dir, stat)) is not None:
             out[s.pid] = s
     return out
 

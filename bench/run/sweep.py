@@ -143,7 +143,8 @@ def run_config(cfg: Config, settings: RunSettings, target: RunTarget, results: R
         if settings.freeze_gc:
             client.freeze_gc(srv.url)
             logger.info(f"[{cfg.name}] garbage collector frozen (/freeze_gc)")
-        phases.run_levels(cfg.name, srv.url, settings, target, results, srv.host)
+        host = srv.host  # read once: it resolves the server's environment
+        phases.run_levels(cfg.name, srv.url, settings, target, results, host)
         entry = phases.run_rates(cfg.name, srv.url, settings, target, results)
         for c in settings.profile_at:
             profiled = _profile(cfg.name, srv.url, c, settings, target, log)
@@ -151,7 +152,7 @@ def run_config(cfg: Config, settings: RunSettings, target: RunTarget, results: R
         then_from = None
         if target.then_prompts:
             then_from = log.stat().st_size  # the second traffic's part of the log starts here
-            phases.run_then_levels(cfg.name, srv.url, settings, target, results, srv.host)
+            phases.run_then_levels(cfg.name, srv.url, settings, target, results, host)
     raw = log.read_bytes()
     results.configs[cfg.name] = _with_log(entry, raw[:then_from].decode(errors="replace"))
     if then_from is not None:
